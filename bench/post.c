@@ -1,0 +1,201 @@
+/*
+ * post - the cost of a post, two ways.
+ *
+ *  post_run_ns: one strand whose handler re-posts itself, on a one-worker
+ *    runtime: the cost of one post plus one run on the same shard.
+ *  wake_p50_us / wake_p99_us: a thread outside the runtime posts to a
+ *    runtime that is parked (it sleeps ~200 us between posts); the time from
+ *    just before weft_post_rt to the handler's first instruction.
+ *
+ * The same workloads run on Asio (build/bench/peers/asio_post) when it was
+ * built; the last line is one JSON object with both and the ratios.
+ *   build/bench/post [--iterations N] [--samples M] [--no-peer]
+ */
+#include <weft.h>
+
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void check(int r, const char *what) {
+  if (r) {
+    fprintf(stderr, "post: %s: %s\n", what, weft_strerror(r));
+    exit(1);
+  }
+}
+
+struct chain {
+  weft_strand *s;
+  long left;
+  atomic_bool done;
+};
+
+static void repost(void *arg) {
+  struct chain *c = arg;
+  if (--c->left > 0)
+    check(weft_post(c->s, repost, c), "weft_post");
+  else
+    atomic_store(&c->done, true);
+}
+
+static double post_run_ns(long iterations) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 1;
+  weft_rt *rt;
+  check(weft_rt_create(&rt, &cfg), "weft_rt_create");
+  struct chain c = {.left = iterations};
+  atomic_init(&c.done, false);
+  check(weft_strand_create(rt, &c.s), "weft_strand_create");
+  uint64_t t0 = now_ns();
+  check(weft_post(c.s, repost, &c), "weft_post");
+  while (!atomic_load(&c.done))
+    usleep(1000);
+  uint64_t t1 = now_ns();
+  weft_strand_release(c.s);
+  weft_rt_destroy(rt);
+  return (double)(t1 - t0) / (double)iterations;
+}
+
+static _Atomic uint64_t handler_at;
+
+static void stamp(void *arg) {
+  (void)arg;
+  atomic_store(&handler_at, now_ns());
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void wake_latency(int samples, double *p50, double *p99) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 1;
+  weft_rt *rt;
+  check(weft_rt_create(&rt, &cfg), "weft_rt_create");
+  uint64_t *lat = calloc((size_t)samples, sizeof(*lat));
+  for (int i = 0; i < samples; i++) {
+    usleep(200);
+    atomic_store(&handler_at, 0);
+    uint64_t t0 = now_ns();
+    check(weft_post_rt(rt, stamp, NULL), "weft_post_rt");
+    uint64_t t1;
+    while ((t1 = atomic_load(&handler_at)) == 0)
+      ;
+    lat[i] = t1 - t0;
+  }
+  qsort(lat, (size_t)samples, sizeof(*lat), cmp_u64);
+  *p50 = lat[samples / 2] / 1e3;
+  *p99 = lat[(samples * 99) / 100] / 1e3;
+  free(lat);
+  weft_rt_destroy(rt);
+}
+
+/* Runs the Asio peer; fills its three figures, or returns false. */
+static bool run_peer(long iterations, int samples, double out[3]) {
+  const char *dir = getenv("WEFT_PEER_DIR");
+#ifdef WEFT_PEER_DIR
+  if (!dir)
+    dir = WEFT_PEER_DIR;
+#endif
+  if (!dir)
+    return false;
+  char path[4096], it[32], sm[32];
+  snprintf(path, sizeof(path), "%s/asio_post", dir);
+  if (access(path, X_OK) != 0)
+    return false;
+  snprintf(it, sizeof(it), "%ld", iterations);
+  snprintf(sm, sizeof(sm), "%d", samples);
+  char *argv[] = {path, "--iterations", it, "--samples", sm, NULL};
+  int fds[2];
+  if (pipe(fds) != 0)
+    return false;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  pid_t pid;
+  int r = posix_spawn(&pid, path, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (r) {
+    close(fds[0]);
+    return false;
+  }
+  char buf[8192];
+  size_t len = 0;
+  ssize_t k;
+  while ((k = read(fds[0], buf + len, sizeof(buf) - 1 - len)) > 0)
+    len += (size_t)k;
+  close(fds[0]);
+  buf[len] = 0;
+  int st;
+  waitpid(pid, &st, 0);
+  const char *keys[3] = {"\"post_run_ns\":", "\"wake_p50_us\":",
+                         "\"wake_p99_us\":"};
+  for (int i = 0; i < 3; i++) {
+    const char *p = strstr(buf, keys[i]);
+    if (!p)
+      return false;
+    out[i] = strtod(p + strlen(keys[i]), NULL);
+  }
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int main(int argc, char **argv) {
+  long iterations = 10000000;
+  int samples = 2000;
+  bool peer = true;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--iterations") && i + 1 < argc)
+      iterations = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--samples") && i + 1 < argc)
+      samples = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--no-peer"))
+      peer = false;
+    else {
+      fprintf(stderr, "usage: post [--iterations N] [--samples M] "
+                      "[--no-peer]\n");
+      return 2;
+    }
+  }
+  if (iterations < 1 || samples < 10) {
+    fprintf(stderr, "post: --iterations >= 1, --samples >= 10\n");
+    return 2;
+  }
+  double ns = post_run_ns(iterations), p50, p99;
+  wake_latency(samples, &p50, &p99);
+  double a[3];
+  bool have = peer && run_peer(iterations, samples, a);
+  printf("weft: post+run %.1f ns, wake p50 %.1f us p99 %.1f us\n", ns, p50,
+         p99);
+  if (have)
+    printf("asio: post+run %.1f ns, wake p50 %.1f us p99 %.1f us\n", a[0],
+           a[1], a[2]);
+  printf("{\"bench\":\"post\",\"iterations\":%ld,\"samples\":%d,"
+         "\"post_run_ns\":%.2f,\"wake_p50_us\":%.2f,\"wake_p99_us\":%.2f",
+         iterations, samples, ns, p50, p99);
+  if (have)
+    printf(",\"asio_post_run_ns\":%.2f,\"asio_wake_p50_us\":%.2f,"
+           "\"asio_wake_p99_us\":%.2f,\"post_run_speedup\":%.2f,"
+           "\"wake_p50_speedup\":%.2f",
+           a[0], a[1], a[2], a[0] / ns, a[1] / p50);
+  printf("}\n");
+  return 0;
+}

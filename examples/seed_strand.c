@@ -1,0 +1,305 @@
+/*
+ * seed_strand - the Boost.Asio strand test case that started weft
+ * (shared/context/asio-strand-head-of-line-blocking.txt), ported to weft.
+ *
+ * W chains of work run on N threads: every handler counts itself, creates a
+ * new Work with a new strand and posts its successor there. With
+ * --blocking K, K more strands each get one handler that sleeps through the
+ * whole measurement, on the same N threads (no thread is added). On Asio's
+ * legacy strands the sleeper soon shares a strand implementation with the
+ * chains and throughput collapses; on weft it must not.
+ *
+ * With no option it is the demo: weft and Asio (both strand kinds, when
+ * bench/peers was built) unblocked and with one sleeper, as a table.
+ * With options it is the benchmark build/bench/seed_strand: its last line
+ * is one JSON object, with the peers' figures and the ratios.
+ */
+#include <weft.h>
+
+#include <errno.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static atomic_bool running;
+static atomic_long counter;
+static double block_limit_s;
+
+struct work {
+  weft_rt *rt;
+  weft_strand *strand;
+};
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static void die(const char *what, int err) {
+  fprintf(stderr, "seed_strand: %s: %s\n", what, weft_strerror(err));
+  exit(1);
+}
+
+static void do_the_work(void *arg);
+
+/* A new Work with a new strand, as the original does for every handler. */
+static void start_the_work(weft_rt *rt) {
+  struct work *w = malloc(sizeof(*w));
+  if (!w)
+    die("malloc", -ENOMEM);
+  w->rt = rt;
+  int r = weft_strand_create(rt, &w->strand);
+  if (r == 0)
+    r = weft_post(w->strand, do_the_work, w);
+  if (r == -ESHUTDOWN) {
+    if (w->strand)
+      weft_strand_release(w->strand);
+    free(w);
+    return;
+  }
+  if (r)
+    die("post", r);
+}
+
+static void do_the_work(void *arg) {
+  struct work *w = arg;
+  atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
+  if (atomic_load_explicit(&running, memory_order_relaxed))
+    start_the_work(w->rt);
+  /* The shared_ptr of the original drops here. */
+  weft_strand_release(w->strand);
+  free(w);
+}
+
+static void blocking_work(void *arg) {
+  (void)arg;
+  double until = now_s() + block_limit_s;
+  while (atomic_load(&running) && now_s() < until)
+    usleep(10000);
+}
+
+struct opts {
+  unsigned threads, work, blocking;
+  double seconds;
+  bool peers;
+};
+
+/* One run on weft; returns handlers per second. */
+static double run_weft(const struct opts *o, unsigned blocking) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = o->threads;
+  weft_rt *rt;
+  int r = weft_rt_create(&rt, &cfg);
+  if (r)
+    die("weft_rt_create", r);
+  atomic_store(&running, true);
+  atomic_store(&counter, 0);
+  block_limit_s = o->seconds + 1 > 5 ? o->seconds + 1 : 5;
+  for (unsigned i = 0; i < o->work; i++)
+    start_the_work(rt);
+  weft_strand *blockers[64];
+  for (unsigned i = 0; i < blocking; i++) {
+    if ((r = weft_strand_create(rt, &blockers[i])) ||
+        (r = weft_post(blockers[i], blocking_work, NULL)))
+      die("blocking post", r);
+    weft_strand_release(blockers[i]);
+  }
+  long c0 = atomic_load(&counter);
+  double t0 = now_s();
+  usleep((useconds_t)(o->seconds * 1e6));
+  long c1 = atomic_load(&counter);
+  double t1 = now_s();
+  atomic_store(&running, false);
+  if ((r = weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN)))
+    die("weft_rt_shutdown", r);
+  weft_rt_destroy(rt);
+  return (double)(c1 - c0) / (t1 - t0);
+}
+
+static const char *peer_dir(void) {
+  const char *d = getenv("WEFT_PEER_DIR");
+#ifdef WEFT_PEER_DIR
+  if (!d)
+    d = WEFT_PEER_DIR;
+#endif
+  return d;
+}
+
+/* Runs the Asio peer with the same settings; returns handlers/s or -1. */
+static double run_peer(const struct opts *o, unsigned blocking, bool legacy) {
+  const char *dir = peer_dir();
+  if (!dir)
+    return -1;
+  char path[4096], th[16], sec[32], blk[16], wk[16];
+  snprintf(path, sizeof(path), "%s/asio_seed_strand", dir);
+  if (access(path, X_OK) != 0)
+    return -1;
+  snprintf(th, sizeof(th), "%u", o->threads);
+  snprintf(sec, sizeof(sec), "%.3f", o->seconds);
+  snprintf(blk, sizeof(blk), "%u", blocking);
+  snprintf(wk, sizeof(wk), "%u", o->work);
+  char *argv[] = {path,        "--threads", th,   "--seconds",
+                  sec,         "--blocking", blk, "--work",
+                  wk,          legacy ? "--legacy" : NULL, NULL};
+  int fds[2];
+  if (pipe(fds) != 0)
+    return -1;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  pid_t pid;
+  int r = posix_spawn(&pid, path, &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (r != 0) {
+    close(fds[0]);
+    return -1;
+  }
+  char buf[8192];
+  size_t len = 0;
+  ssize_t k;
+  while ((k = read(fds[0], buf + len, sizeof(buf) - 1 - len)) > 0)
+    len += (size_t)k;
+  close(fds[0]);
+  buf[len] = 0;
+  int status;
+  waitpid(pid, &status, 0);
+  const char *key = strstr(buf, "\"handlers_per_sec\":");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !key)
+    return -1;
+  return strtod(key + strlen("\"handlers_per_sec\":"), NULL);
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: seed_strand [--threads N] [--seconds S] "
+                  "[--blocking K] [--work W] [--no-peer]\n"
+                  "  no options: the demo table\n");
+  exit(2);
+}
+
+static unsigned parse_uint(const char *s, unsigned max) {
+  char *end;
+  unsigned long v = strtoul(s, &end, 10);
+  if (!*s || *end || v > max)
+    usage();
+  return (unsigned)v;
+}
+
+static void parse(int argc, char **argv, struct opts *o) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--no-peer")) {
+      o->peers = false;
+      continue;
+    }
+    if (i + 1 >= argc)
+      usage();
+    const char *v = argv[++i];
+    if (!strcmp(a, "--threads"))
+      o->threads = parse_uint(v, WEFT_MAX_WORKERS);
+    else if (!strcmp(a, "--work"))
+      o->work = parse_uint(v, 1000000);
+    else if (!strcmp(a, "--blocking"))
+      o->blocking = parse_uint(v, 64);
+    else if (!strcmp(a, "--seconds")) {
+      o->seconds = strtod(v, NULL);
+      if (!(o->seconds > 0 && o->seconds < 3600))
+        usage();
+    } else
+      usage();
+  }
+  if (!o->threads)
+    usage();
+  if (!o->work)
+    o->work = o->threads;
+}
+
+static void fmt_rate(char *out, size_t n, double v) {
+  if (v < 0)
+    snprintf(out, n, "%s", "-");
+  else
+    snprintf(out, n, "%.0f", v);
+}
+
+static void demo(struct opts *o) {
+  const char *names[3] = {"weft", "asio strand<executor>",
+                          "asio io_context::strand"};
+  double un[3], bl[3];
+  printf("seed_strand: %u threads, %u chains, %.1f s per run; 'blocked' adds "
+         "one strand whose handler sleeps, without adding a thread\n",
+         o->threads, o->work, o->seconds);
+  un[0] = run_weft(o, 0);
+  bl[0] = run_weft(o, 1);
+  for (int k = 1; k < 3; k++) {
+    un[k] = run_peer(o, 0, k == 2);
+    bl[k] = un[k] < 0 ? -1 : run_peer(o, 1, k == 2);
+  }
+  printf("\n%-26s %15s %15s %9s %12s\n", "runtime", "unblocked h/s",
+         "blocked h/s", "blk/unblk", "weft/this");
+  for (int k = 0; k < 3; k++) {
+    char a[32], b[32], r[32], w[32];
+    fmt_rate(a, sizeof(a), un[k]);
+    fmt_rate(b, sizeof(b), bl[k]);
+    snprintf(r, sizeof(r), un[k] > 0 && bl[k] >= 0 ? "%.3f" : "-",
+             bl[k] / un[k]);
+    snprintf(w, sizeof(w), k && un[k] > 0 && bl[k] > 0 ? "%.1fx / %.0fx" : "-",
+             un[0] / un[k], bl[0] / bl[k]);
+    printf("%-26s %15s %15s %9s %12s\n", names[k], a, b, r, w);
+  }
+  if (un[1] < 0)
+    printf("\n(Asio peers not built: install libasio-dev and g++, then "
+           "rebuild)\n");
+  printf("\nweft keeps %.0f%% of its throughput with a sleeping handler.\n",
+         100 * bl[0] / un[0]);
+}
+
+static void bench(struct opts *o) {
+  double w = run_weft(o, o->blocking);
+  double wu = o->blocking ? run_weft(o, 0) : w;
+  double a = -1, al = -1, au = -1, alu = -1;
+  if (o->peers) {
+    a = run_peer(o, o->blocking, false);
+    al = run_peer(o, o->blocking, true);
+    au = o->blocking && a >= 0 ? run_peer(o, 0, false) : a;
+    alu = o->blocking && al >= 0 ? run_peer(o, 0, true) : al;
+  }
+  double best = a > al ? a : al;
+  printf("weft %.0f h/s (unblocked %.0f); asio strand %.0f, legacy %.0f\n", w,
+         wu, a, al);
+  printf("{\"bench\":\"seed_strand\",\"threads\":%u,\"seconds\":%.2f,"
+         "\"blocking\":%u,\"work\":%u,\"handlers_per_sec\":%.0f,"
+         "\"unblocked_handlers_per_sec\":%.0f,\"blocked_ratio\":%.4f",
+         o->threads, o->seconds, o->blocking, o->work, w, wu, w / wu);
+  if (best > 0)
+    printf(",\"asio_strand_handlers_per_sec\":%.0f,"
+           "\"asio_legacy_handlers_per_sec\":%.0f,"
+           "\"asio_strand_blocked_ratio\":%.4f,"
+           "\"asio_legacy_blocked_ratio\":%.4f,"
+           "\"ratio_vs_best_asio\":%.3f",
+           a, al, au > 0 ? a / au : 0, alu > 0 ? al / alu : 0, w / best);
+  printf("}\n");
+}
+
+int main(int argc, char **argv) {
+  struct opts o = {.threads = 8, .seconds = 3, .blocking = 0, .peers = true};
+  if (argc == 1) {
+    o.work = o.threads;
+    o.seconds = 2;
+    demo(&o);
+    return 0;
+  }
+  parse(argc, argv, &o);
+  bench(&o);
+  return 0;
+}

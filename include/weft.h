@@ -1,0 +1,183 @@
+/*
+ * weft.h - the one public header of weft, a multi-threaded asynchronous
+ * runtime for servers on Linux.
+ *
+ * Promise: unrelated work never waits on unrelated work. A handler that runs
+ * long delays only its own strand.
+ *
+ * Conventions
+ *  - Every type is opaque unless it is a plain configuration or statistics
+ *    struct. Every name starts with weft_ / WEFT_.
+ *  - Every function that can fail returns 0 (or a non-negative value where
+ *    documented) on success and a negative errno value on failure. weft never
+ *    sets or reads errno for its own results; weft_strerror() names an error.
+ *  - Thread-safety is stated beside each declaration. "Any thread" means any
+ *    thread of the process, inside a handler of this runtime or not.
+ */
+#ifndef WEFT_H
+#define WEFT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(WEFT_STATIC)
+#define WEFT_API
+#elif defined(WEFT_BUILDING)
+#define WEFT_API __attribute__((visibility("default")))
+#else
+#define WEFT_API
+#endif
+
+#define WEFT_VERSION_MAJOR 0
+#define WEFT_VERSION_MINOR 1
+#define WEFT_VERSION_PATCH 0
+#define WEFT_VERSION_HEX                                                       \
+  ((WEFT_VERSION_MAJOR << 16) | (WEFT_VERSION_MINOR << 8) | WEFT_VERSION_PATCH)
+
+/* The version of the library linked at run time, as WEFT_VERSION_HEX and as
+ * "MAJOR.MINOR.PATCH". Any thread. */
+WEFT_API unsigned weft_version(void);
+WEFT_API const char *weft_version_string(void);
+
+/* A static, human-readable description of a negative errno value returned by
+ * weft (also accepts the positive value). Never NULL. Any thread. */
+WEFT_API const char *weft_strerror(int err);
+
+typedef struct weft_rt weft_rt;
+typedef struct weft_strand weft_strand;
+
+/* A handler: fn(arg). A cancel function has the same type and receives the
+ * same arg; it runs instead of the handler, exactly once, when the handler
+ * can no longer run (weft_rt_shutdown with WEFT_SHUTDOWN_CANCEL). */
+typedef void (*weft_fn)(void *arg);
+
+/* Largest accepted worker count. */
+#define WEFT_MAX_WORKERS 1024
+/* Largest accepted strand batch. */
+#define WEFT_MAX_BATCH 65536
+
+typedef struct weft_config {
+  /* Number of shards, each started with its own thread. 0: the number of
+   * CPUs this process may run on (sched_getaffinity). 1..WEFT_MAX_WORKERS. */
+  unsigned workers;
+  /* Handlers a strand runs in one turn before it requeues itself at the back
+   * of the run queue, so a busy strand cannot starve others. 0: 64. */
+  unsigned batch;
+  /* Reserved for future options; must be zero. */
+  unsigned flags;
+} weft_config;
+
+/* Fills cfg with the defaults (all zero means "default"). */
+WEFT_API void weft_config_init(weft_config *cfg);
+
+/* Creates a runtime and starts its threads. cfg may be NULL for defaults.
+ * Every one-time cost (threads, queues, pools) is paid here: the first post
+ * costs what the millionth does.
+ * Errors: -EINVAL (rt NULL, workers or batch out of range, flags not zero),
+ * -ENOMEM, -EAGAIN (a thread could not be started). Any thread. */
+WEFT_API int weft_rt_create(weft_rt **rt, const weft_config *cfg);
+
+/* Shutdown modes. */
+#define WEFT_SHUTDOWN_DRAIN 0  /* run every handler already accepted */
+#define WEFT_SHUTDOWN_CANCEL 1 /* run the cancel function of every handler
+                                  not yet started instead */
+#define WEFT_SHUTDOWN_NOWAIT 2 /* flag: start the shutdown, do not wait */
+
+/* Stops accepting work and finishes what was accepted: every handler ever
+ * accepted runs exactly once, or (CANCEL) its cancel function runs exactly
+ * once instead; a handler accepted without a cancel function is then dropped
+ * and counted in weft_stats.handlers_cancelled. Handlers already running are
+ * never interrupted. From the moment it is called, every post fails with
+ * -ESHUTDOWN, from any thread (handlers included).
+ * Without WEFT_SHUTDOWN_NOWAIT it returns when all that work is done.
+ * Errors: -EINVAL (rt NULL, bad how), -EALREADY (shutdown already started),
+ * -EDEADLK (called from a handler of this runtime without
+ * WEFT_SHUTDOWN_NOWAIT: it would wait for itself). Any thread. */
+WEFT_API int weft_rt_shutdown(weft_rt *rt, int how);
+
+/* Joins every thread and frees the runtime and all its strands, released or
+ * not. If no shutdown was started, it first does WEFT_SHUTDOWN_CANCEL; if a
+ * NOWAIT shutdown is in progress it waits for it. No weft object of this
+ * runtime may be used afterwards.
+ * Errors: -EINVAL (rt NULL), -EDEADLK (called from a handler of this
+ * runtime; nothing is freed). Any thread but the runtime's own. */
+WEFT_API int weft_rt_destroy(weft_rt *rt);
+
+/* Number of shards (= worker threads) of the runtime. Any thread. */
+WEFT_API unsigned weft_rt_workers(const weft_rt *rt);
+
+/* Creates a strand: a serial executor. Its handlers run one at a time, in
+ * the order they were posted (per posting thread; posts from different
+ * threads are ordered by the moment they were accepted), never concurrently.
+ * A strand is about 64 bytes and touches nothing shared with other strands.
+ * Errors: -EINVAL, -ENOMEM, -ESHUTDOWN. Any thread. */
+WEFT_API int weft_strand_create(weft_rt *rt, weft_strand **s);
+
+/* Gives the strand up. Handlers already posted still run (or are cancelled
+ * at shutdown); the memory is reclaimed after the last one. Posting to a
+ * released strand is a bug: while its handlers are pending it fails with
+ * -EBADF; after that, debug builds (WEFT_DEBUG) still catch it with -EBADF
+ * and release builds have undefined behaviour. Releasing twice is a bug of
+ * the same kind. Any thread, handlers of s included. */
+WEFT_API void weft_strand_release(weft_strand *s);
+
+/* Posts fn(arg) to run on strand s. Never runs fn before returning.
+ * Errors: -EINVAL (s or fn NULL), -EBADF (s released), -ESHUTDOWN (the
+ * runtime is shutting down), -ENOMEM. On error nothing was accepted and
+ * nothing will run. Any thread. */
+WEFT_API int weft_post(weft_strand *s, weft_fn fn, void *arg);
+
+/* As weft_post, with a cancel function (may be NULL) that runs instead of fn,
+ * exactly once, if the runtime is shut down with WEFT_SHUTDOWN_CANCEL before
+ * fn has started. Any thread. */
+WEFT_API int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel,
+                          void *arg);
+
+/* Posts fn(arg) to run on any worker, with no ordering against other posts.
+ * Errors as weft_post (-EINVAL for rt or fn NULL). Any thread. */
+WEFT_API int weft_post_rt(weft_rt *rt, weft_fn fn, void *arg);
+WEFT_API int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel,
+                             void *arg);
+
+/* The strand whose handler the calling thread is running, or NULL (outside
+ * any handler, or in a weft_post_rt handler). For assertions. Any thread. */
+WEFT_API weft_strand *weft_strand_current(void);
+
+/* The runtime whose handler the calling thread is running, or NULL. */
+WEFT_API weft_rt *weft_rt_current(void);
+
+typedef struct weft_shard_stats {
+  uint64_t handlers_run;       /* handlers run */
+  uint64_t handlers_cancelled; /* handlers not run at CANCEL shutdown: their
+                                  cancel function ran, or they had none */
+  uint64_t strands_run;        /* strand turns (each at most one batch) */
+  uint64_t steals;             /* run-queue items stolen by this shard */
+  uint64_t parks;              /* times its thread went to sleep */
+  uint64_t wakeups;            /* times a sleeping thread was woken for it */
+  uint64_t injected;           /* items taken from the runtime inject queue */
+} weft_shard_stats;
+
+typedef struct weft_stats {
+  unsigned shards;          /* number of shards */
+  weft_shard_stats total;   /* sum over the shards */
+  uint64_t strands_live;    /* strands created and not yet reclaimed */
+} weft_stats;
+
+/* Counters of the runtime, summed over its shards. They are read without
+ * stopping anything: each counter is exact, the set is not a snapshot.
+ * Errors: -EINVAL. Any thread. */
+WEFT_API int weft_rt_stats(weft_rt *rt, weft_stats *out);
+
+/* Counters of one shard. Errors: -EINVAL, -ERANGE (shard >= shards). */
+WEFT_API int weft_rt_shard_stats(weft_rt *rt, unsigned shard,
+                                 weft_shard_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* WEFT_H */

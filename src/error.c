@@ -1,0 +1,27 @@
+/*
+ * error.c - error names and the library version. Owns nothing.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+#define STR2(x) #x
+#define STR(x) STR2(x)
+
+unsigned weft_version(void) { return WEFT_VERSION_HEX; }
+
+const char *weft_version_string(void) {
+  return STR(WEFT_VERSION_MAJOR) "." STR(WEFT_VERSION_MINOR) "." STR(
+      WEFT_VERSION_PATCH);
+}
+
+const char *weft_strerror(int err) {
+  if (err == 0)
+    return "Success";
+  if (err < 0)
+    err = -err;
+  /* strerrordesc_np (glibc >= 2.32) returns a static string without
+   * touching errno or a shared buffer, so it is thread-safe. */
+  const char *s = strerrordesc_np(err);
+  return s ? s : "Unknown error";
+}

@@ -1,0 +1,191 @@
+/*
+ * park.c - how idle threads search, sleep and are woken, and how the
+ * runtime notices that a shutdown has finished. Owns rt->idle.
+ *
+ * idle.state packs (unparked << 32) | searching. A thread that finds no
+ * work becomes a searcher only while fewer than half the threads search
+ * (no thundering herd); a searcher that finds work stops searching and, if
+ * it was the last one, wakes a sleeper to take its place, so a burst of
+ * work fans out one thread at a time. Sleepers wait on their own futex
+ * word; the sleeper list is under a mutex, taken only when a thread parks
+ * or is woken, never per handler.
+ *
+ * No lost wakeup. A producer publishes work (run-queue tail store, or
+ * inject push + len increment), then calls weft__notify_parked, whose first
+ * step is an RMW on idle.state. A parking thread does its RMW on idle.state,
+ * then looks at every run queue and the inject queue. RMWs on one word are
+ * totally ordered: if the producer's comes first, the parker's RMW reads
+ * from its release sequence, so the parker sees the work; if the parker's
+ * comes first, the producer reads the decremented state, sees no searcher
+ * and wakes a sleeper. Only the last searcher needs that recheck: while a
+ * searcher exists producers rely on it, and it rechecks when it parks.
+ * Running threads need no wakeup: they look at their queues before parking.
+ *
+ * Shutdown completes when closing is set, every thread is parked, the
+ * inject queue is empty and no post from outside is in progress. All parked
+ * implies all run queues empty: a thread parks only with its own ring
+ * empty, and only its owner pushes to a ring. The last thread to park checks
+ * this; a post from outside that was in progress pokes a sleeper when it
+ * ends (weft__foreign_exit), which parks again and checks again.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define SEARCHING_MASK ((uint64_t)0xffffffffu)
+#define UNPARKED_ONE ((uint64_t)1 << 32)
+
+static inline uint32_t searching_of(uint64_t st) {
+  return (uint32_t)(st & SEARCHING_MASK);
+}
+static inline uint32_t unparked_of(uint64_t st) { return (uint32_t)(st >> 32); }
+
+void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected) {
+  /* EINTR and EAGAIN (value changed) both just return: callers loop. */
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL,
+          NULL, 0);
+}
+
+void weft__futex_wake(_Atomic uint32_t *addr, int n) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
+}
+
+void weft__idle_init(struct weft__idle *idle, unsigned nthreads) {
+  weft__store(&idle->state, (uint64_t)nthreads << 32, WA_RLX);
+  idle->nsleepers = 0;
+}
+
+int weft__idle_alloc(struct weft__idle *idle, unsigned nthreads) {
+  idle->sleepers = calloc(nthreads, sizeof(*idle->sleepers));
+  if (!idle->sleepers)
+    return -ENOMEM;
+  int r = pthread_mutex_init(&idle->lock, NULL);
+  if (r) {
+    free(idle->sleepers);
+    return -r;
+  }
+  return 0;
+}
+
+void weft__idle_destroy(struct weft__idle *idle) {
+  pthread_mutex_destroy(&idle->lock);
+  free(idle->sleepers);
+}
+
+static void wake_thread(struct weft__thread *t) {
+  weft__store(&t->wake, 1, WA_REL);
+  weft__futex_wake(&t->wake, 1);
+}
+
+/* Pops a sleeper and counts it unparked and searching; lock held. */
+static struct weft__thread *unpark_one_locked(weft_rt *rt) {
+  struct weft__idle *idle = &rt->idle;
+  if (!idle->nsleepers)
+    return NULL;
+  weft__fetch_add(&idle->state, UNPARKED_ONE | 1, WA_SC);
+  return idle->sleepers[--idle->nsleepers];
+}
+
+void weft__notify_parked(weft_rt *rt) {
+  struct weft__idle *idle = &rt->idle;
+  /* An RMW, not a load: see the no-lost-wakeup argument above. */
+  uint64_t st = weft__fetch_add(&idle->state, 0, WA_SC);
+  if (searching_of(st) != 0 || unparked_of(st) >= rt->nshards)
+    return;
+  pthread_mutex_lock(&idle->lock);
+  st = weft__load(&idle->state, WA_SC);
+  struct weft__thread *t = NULL;
+  if (searching_of(st) == 0 && unparked_of(st) < rt->nshards)
+    t = unpark_one_locked(rt);
+  pthread_mutex_unlock(&idle->lock);
+  if (t)
+    wake_thread(t);
+}
+
+void weft__poke(weft_rt *rt) {
+  pthread_mutex_lock(&rt->idle.lock);
+  struct weft__thread *t = unpark_one_locked(rt);
+  pthread_mutex_unlock(&rt->idle.lock);
+  if (t)
+    wake_thread(t);
+}
+
+bool weft__to_searching(weft_rt *rt, struct weft__thread *t) {
+  if (t->searching)
+    return true;
+  uint64_t st = weft__load(&rt->idle.state, WA_SC);
+  if (2 * searching_of(st) >= rt->nshards)
+    return false;
+  weft__fetch_add(&rt->idle.state, 1, WA_SC);
+  t->searching = true;
+  return true;
+}
+
+void weft__from_searching(weft_rt *rt, struct weft__thread *t) {
+  t->searching = false;
+  uint64_t prev = weft__fetch_sub(&rt->idle.state, 1, WA_SC);
+  if (searching_of(prev) == 1)
+    weft__notify_parked(rt);
+}
+
+static bool work_visible(weft_rt *rt) {
+  if (weft__load(&rt->inject.len, WA_SC) > 0)
+    return true;
+  for (unsigned i = 0; i < rt->nshards; i++)
+    if (weft__runq_len(&rt->shards[i].rq))
+      return true;
+  return false;
+}
+
+void weft__wake_all_done(weft_rt *rt) {
+  struct weft__idle *idle = &rt->idle;
+  pthread_mutex_lock(&idle->lock);
+  weft__store(&rt->done, 1, WA_SC);
+  while (idle->nsleepers)
+    wake_thread(idle->sleepers[--idle->nsleepers]);
+  pthread_mutex_unlock(&idle->lock);
+  pthread_mutex_lock(&rt->life_lock);
+  pthread_cond_broadcast(&rt->life_cond);
+  pthread_mutex_unlock(&rt->life_lock);
+}
+
+static bool shutdown_complete(weft_rt *rt, uint64_t state_after) {
+  return weft__load(&rt->closing, WA_SC) && unparked_of(state_after) == 0 &&
+         weft__load(&rt->inject.len, WA_SC) <= 0 &&
+         weft__load(&rt->foreign_inflight, WA_SC) == 0;
+}
+
+bool weft__park(weft_rt *rt, struct weft__thread *t) {
+  struct weft__idle *idle = &rt->idle;
+  pthread_mutex_lock(&idle->lock);
+  if (weft__load(&rt->done, WA_ACQ)) {
+    pthread_mutex_unlock(&idle->lock);
+    return false;
+  }
+  bool was_searching = t->searching;
+  t->searching = false;
+  uint64_t dec = UNPARKED_ONE | (was_searching ? 1 : 0);
+  uint64_t prev = weft__fetch_sub(&idle->state, dec, WA_SC);
+  idle->sleepers[idle->nsleepers++] = t;
+  pthread_mutex_unlock(&idle->lock);
+
+  if (was_searching && searching_of(prev) == 1 && work_visible(rt))
+    weft__notify_parked(rt);
+  if (shutdown_complete(rt, prev - dec)) {
+    /* Declared once: every thread is parked, so only this one runs here
+     * until it wakes the others. */
+    weft__wake_all_done(rt);
+    return false;
+  }
+  while (weft__load(&t->wake, WA_ACQ) == 0)
+    weft__futex_wait(&t->wake, 0);
+  weft__store(&t->wake, 0, WA_RLX);
+  if (weft__load(&rt->done, WA_ACQ))
+    return false;
+  t->searching = true; /* the waker counted us as a searcher */
+  return true;
+}

@@ -1,0 +1,141 @@
+/*
+ * pool.c - fixed-size object pools for strands and handler nodes.
+ *
+ * Objects are carved from slabs that live until the runtime is destroyed,
+ * so a strand the user never released is still freed then. Each shard has a
+ * private cache used only by the thread holding the shard: no atomics on
+ * the steady-state path. A cache that grows past two batches gives one batch
+ * back to the depot; an empty cache takes one batch from the depot, or
+ * carves a new one. The depot's mutex is thus taken once per
+ * WEFT_POOL_BATCH objects at most, and never while a handler runs.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+
+#define SLAB_BYTES (64 * 1024)
+
+struct weft__slab {
+  struct weft__slab *next;
+};
+
+int weft__pool_init(struct weft__pool *p, size_t objsize) {
+  if (objsize < sizeof(struct weft__freeobj))
+    objsize = sizeof(struct weft__freeobj);
+  objsize = (objsize + 15) & ~(size_t)15;
+  p->objsize = objsize;
+  p->batches = NULL;
+  p->loose.head = NULL;
+  p->loose.count = 0;
+  p->slabs = NULL;
+  p->bump = p->bump_end = NULL;
+  return -pthread_mutex_init(&p->lock, NULL);
+}
+
+void weft__pool_destroy(struct weft__pool *p) {
+  struct weft__slab *s = p->slabs;
+  while (s) {
+    struct weft__slab *next = s->next;
+    free(s);
+    s = next;
+  }
+  p->slabs = NULL;
+  pthread_mutex_destroy(&p->lock);
+}
+
+/* Carves up to n objects from slabs into a chain; lock held. */
+static struct weft__freeobj *carve(struct weft__pool *p, uint32_t n,
+                                   uint32_t *got) {
+  struct weft__freeobj *head = NULL;
+  uint32_t i = 0;
+  for (; i < n; i++) {
+    if (p->bump + p->objsize > p->bump_end) {
+      struct weft__slab *s = aligned_alloc(WEFT_CACHELINE, SLAB_BYTES);
+      if (!s)
+        break;
+      s->next = p->slabs;
+      p->slabs = s;
+      p->bump = (char *)s + WEFT_CACHELINE;
+      p->bump_end = (char *)s + SLAB_BYTES;
+    }
+    struct weft__freeobj *o = (struct weft__freeobj *)p->bump;
+    p->bump += p->objsize;
+    o->next = head;
+    head = o;
+  }
+  *got = i;
+  return head;
+}
+
+/* Refills an empty cache with one batch; lock held. */
+static void refill(struct weft__pool *p, struct weft__pool_cache *c) {
+  if (p->batches) {
+    struct weft__freeobj *b = p->batches;
+    p->batches = b->batch_next;
+    c->head = b;
+    c->count = WEFT_POOL_BATCH;
+    return;
+  }
+  c->head = carve(p, WEFT_POOL_BATCH, &c->count);
+}
+
+void *weft__pool_alloc(struct weft__pool *p, struct weft__pool_cache *c) {
+  bool locked = false;
+  if (!c) {
+    pthread_mutex_lock(&p->lock);
+    locked = true;
+    c = &p->loose;
+  }
+  if (!c->head) {
+    if (!locked)
+      pthread_mutex_lock(&p->lock);
+    refill(p, c);
+    if (!locked)
+      pthread_mutex_unlock(&p->lock);
+  }
+  struct weft__freeobj *o = c->head;
+  if (o) {
+    c->head = o->next;
+    c->count--;
+  }
+  if (locked)
+    pthread_mutex_unlock(&p->lock);
+  return o;
+}
+
+/* Detaches one batch from a cache that holds more than a batch. */
+static struct weft__freeobj *detach_batch(struct weft__pool_cache *c) {
+  struct weft__freeobj *first = c->head, *last = first;
+  for (uint32_t i = 1; i < WEFT_POOL_BATCH; i++)
+    last = last->next;
+  c->head = last->next;
+  c->count -= WEFT_POOL_BATCH;
+  last->next = NULL;
+  return first;
+}
+
+void weft__pool_free(struct weft__pool *p, struct weft__pool_cache *c,
+                     void *obj) {
+  bool locked = false;
+  if (!c) {
+    pthread_mutex_lock(&p->lock);
+    locked = true;
+    c = &p->loose;
+  }
+  struct weft__freeobj *o = obj;
+  o->next = c->head;
+  c->head = o;
+  c->count++;
+  if (c->count >= 2 * WEFT_POOL_BATCH) {
+    struct weft__freeobj *b = detach_batch(c);
+    if (!locked)
+      pthread_mutex_lock(&p->lock);
+    b->batch_next = p->batches;
+    p->batches = b;
+    if (!locked)
+      pthread_mutex_unlock(&p->lock);
+  }
+  if (locked)
+    pthread_mutex_unlock(&p->lock);
+}

@@ -1,0 +1,273 @@
+/*
+ * rt.c - the runtime's life: configuration, create, shutdown, destroy, and
+ * statistics. Owns the weft_rt struct, its shards and threads.
+ *
+ * Every one-time cost is paid in weft_rt_create: shards, queues, the
+ * sleeper list, one batch of pooled objects per shard, and the threads,
+ * which have all reached their loop when it returns. Threads wait for each
+ * other only on a condition variable, never by spinning.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define DEFAULT_BATCH 64
+
+void weft_config_init(weft_config *cfg) {
+  if (cfg)
+    memset(cfg, 0, sizeof(*cfg));
+}
+
+static unsigned cpus_allowed(void) {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    int n = CPU_COUNT(&set);
+    if (n > 0)
+      return (unsigned)n;
+  }
+  return 1;
+}
+
+static void *zalloc_aligned(size_t bytes) {
+  bytes = (bytes + WEFT_CACHELINE - 1) & ~(size_t)(WEFT_CACHELINE - 1);
+  void *p = aligned_alloc(WEFT_CACHELINE, bytes);
+  if (p)
+    memset(p, 0, bytes);
+  return p;
+}
+
+/* Fills a shard's pool caches with one batch each, so the first posts do
+ * not take the depot lock or carve slabs. */
+static void prefill(weft_rt *rt, struct weft__shard *sh) {
+  void *n = weft__pool_alloc(&rt->node_pool, &sh->node_cache);
+  if (n)
+    weft__pool_free(&rt->node_pool, &sh->node_cache, n);
+  void *s = weft__pool_alloc(&rt->strand_pool, &sh->strand_cache);
+  if (s)
+    weft__pool_free(&rt->strand_pool, &sh->strand_cache, s);
+}
+
+static void rt_free(weft_rt *rt) {
+  weft__pool_destroy(&rt->node_pool);
+  weft__pool_destroy(&rt->strand_pool);
+  weft__inject_destroy(&rt->inject);
+  weft__idle_destroy(&rt->idle);
+  pthread_mutex_destroy(&rt->life_lock);
+  pthread_cond_destroy(&rt->life_cond);
+  free(rt->threads);
+  free(rt->shards);
+  free(rt);
+}
+
+static int validate(const weft_config *cfg, unsigned *workers,
+                    unsigned *batch) {
+  *workers = 0;
+  *batch = DEFAULT_BATCH;
+  if (!cfg)
+    return 0;
+  if (cfg->flags || cfg->workers > WEFT_MAX_WORKERS ||
+      cfg->batch > WEFT_MAX_BATCH)
+    return -EINVAL;
+  *workers = cfg->workers;
+  if (cfg->batch)
+    *batch = cfg->batch;
+  return 0;
+}
+
+/* Starts the threads with asynchronous signals blocked, so that the
+ * application's signals go to its own threads and a SIGPIPE raised inside
+ * a handler never kills the process. */
+static int start_threads(weft_rt *rt) {
+  sigset_t all, old;
+  sigfillset(&all);
+  const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS,
+                           SIGABRT};
+  for (size_t i = 0; i < sizeof(sync_sigs) / sizeof(sync_sigs[0]); i++)
+    sigdelset(&all, sync_sigs[i]);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int err = 0;
+  unsigned i;
+  for (i = 0; i < rt->nshards; i++) {
+    err = pthread_create(&rt->threads[i].tid, NULL, weft__thread_entry,
+                         &rt->threads[i]);
+    if (err)
+      break;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (!err) {
+    pthread_mutex_lock(&rt->life_lock);
+    while (rt->started < rt->nshards)
+      pthread_cond_wait(&rt->life_cond, &rt->life_lock);
+    pthread_mutex_unlock(&rt->life_lock);
+    return 0;
+  }
+  /* Stop the ones that started: cancel mode, nothing was accepted yet. */
+  weft__store(&rt->closing, 1, WA_SC);
+  /* Threads that did not start are counted as parked for completion. */
+  weft__fetch_sub(&rt->idle.state, (uint64_t)(rt->nshards - i) << 32, WA_SC);
+  weft__poke(rt);
+  for (unsigned j = 0; j < i; j++)
+    pthread_join(rt->threads[j].tid, NULL);
+  return -EAGAIN;
+}
+
+int weft_rt_create(weft_rt **out, const weft_config *cfg) {
+  unsigned workers, batch;
+  if (!out)
+    return -EINVAL;
+  *out = NULL;
+  int r = validate(cfg, &workers, &batch);
+  if (r)
+    return r;
+  if (!workers)
+    workers = cpus_allowed();
+  if (workers > WEFT_MAX_WORKERS)
+    workers = WEFT_MAX_WORKERS;
+
+  weft_rt *rt = zalloc_aligned(sizeof(*rt));
+  if (!rt)
+    return -ENOMEM;
+  rt->nshards = workers;
+  rt->batch = batch;
+  rt->shards = zalloc_aligned(workers * sizeof(*rt->shards));
+  rt->threads = zalloc_aligned(workers * sizeof(*rt->threads));
+  weft__pool_init(&rt->node_pool, sizeof(struct weft__node));
+  weft__pool_init(&rt->strand_pool, WEFT_CACHELINE);
+  weft__inject_init(&rt->inject);
+  pthread_mutex_init(&rt->life_lock, NULL);
+  pthread_cond_init(&rt->life_cond, NULL);
+  weft__idle_init(&rt->idle, workers);
+  if (!rt->shards || !rt->threads ||
+      weft__idle_alloc(&rt->idle, workers) != 0) {
+    free(rt->shards);
+    free(rt->threads);
+    free(rt);
+    return -ENOMEM;
+  }
+  for (unsigned i = 0; i < workers; i++) {
+    struct weft__shard *sh = &rt->shards[i];
+    struct weft__thread *t = &rt->threads[i];
+    weft__runq_init(&sh->rq);
+    sh->rt = rt;
+    sh->idx = i;
+    sh->rng = 0x9e3779b9u * (i + 1);
+    t->rt = rt;
+    t->idx = i;
+    t->shard = sh;
+    weft__store(&sh->owner, t, WA_RLX);
+    prefill(rt, sh);
+  }
+  r = start_threads(rt);
+  if (r) {
+    rt_free(rt);
+    return r;
+  }
+  *out = rt;
+  return 0;
+}
+
+unsigned weft_rt_workers(const weft_rt *rt) { return rt ? rt->nshards : 0; }
+
+int weft__foreign_enter(weft_rt *rt) {
+  /* seq_cst: against shutdown_complete's reads (park.c). If the runtime
+   * saw no post in flight, this load of closing sees 1 and we back out. */
+  weft__fetch_add(&rt->foreign_inflight, 1, WA_SC);
+  if (weft__load(&rt->closing, WA_SC)) {
+    weft__foreign_exit(rt);
+    return -ESHUTDOWN;
+  }
+  return 0;
+}
+
+void weft__foreign_exit(weft_rt *rt) {
+  weft__fetch_sub(&rt->foreign_inflight, 1, WA_SC);
+  if (weft__load(&rt->closing, WA_SC))
+    weft__poke(rt); /* the last parker may have counted us: recheck */
+}
+
+static void wait_done(weft_rt *rt) {
+  pthread_mutex_lock(&rt->life_lock);
+  while (!weft__load(&rt->done, WA_ACQ))
+    pthread_cond_wait(&rt->life_cond, &rt->life_lock);
+  pthread_mutex_unlock(&rt->life_lock);
+}
+
+static bool on_own_thread(weft_rt *rt) {
+  struct weft__thread *t = weft__self();
+  return t && t->rt == rt;
+}
+
+int weft_rt_shutdown(weft_rt *rt, int how) {
+  if (!rt || (how & ~(WEFT_SHUTDOWN_CANCEL | WEFT_SHUTDOWN_NOWAIT)))
+    return -EINVAL;
+  bool nowait = how & WEFT_SHUTDOWN_NOWAIT;
+  if (!nowait && on_own_thread(rt))
+    return -EDEADLK;
+  pthread_mutex_lock(&rt->life_lock);
+  bool again = rt->shutdown_called;
+  rt->shutdown_called = true;
+  pthread_mutex_unlock(&rt->life_lock);
+  if (again)
+    return -EALREADY;
+  if (how & WEFT_SHUTDOWN_CANCEL)
+    weft__store(&rt->cancelling, 1, WA_SC);
+  weft__store(&rt->closing, 1, WA_SC);
+  weft__poke(rt); /* an idle runtime has nobody awake to notice */
+  if (!nowait)
+    wait_done(rt);
+  return 0;
+}
+
+int weft_rt_destroy(weft_rt *rt) {
+  if (!rt)
+    return -EINVAL;
+  if (on_own_thread(rt))
+    return -EDEADLK;
+  weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
+  wait_done(rt);
+  for (unsigned i = 0; i < rt->nshards; i++)
+    pthread_join(rt->threads[i].tid, NULL);
+  rt_free(rt);
+  return 0;
+}
+
+static void add_shard(weft_shard_stats *o, struct weft__shard *sh) {
+  o->handlers_run += weft__load(&sh->st_handlers_run, WA_RLX);
+  o->handlers_cancelled += weft__load(&sh->st_handlers_cancelled, WA_RLX);
+  o->strands_run += weft__load(&sh->st_strands_run, WA_RLX);
+  o->steals += weft__load(&sh->st_steals, WA_RLX);
+  o->parks += weft__load(&sh->st_parks, WA_RLX);
+  o->wakeups += weft__load(&sh->st_wakeups, WA_RLX);
+  o->injected += weft__load(&sh->st_injected, WA_RLX);
+}
+
+int weft_rt_stats(weft_rt *rt, weft_stats *out) {
+  if (!rt || !out)
+    return -EINVAL;
+  memset(out, 0, sizeof(*out));
+  out->shards = rt->nshards;
+  uint64_t created = weft__load(&rt->foreign_strands_created, WA_RLX);
+  uint64_t freed = weft__load(&rt->foreign_strands_freed, WA_RLX);
+  for (unsigned i = 0; i < rt->nshards; i++) {
+    struct weft__shard *sh = &rt->shards[i];
+    add_shard(&out->total, sh);
+    created += weft__load(&sh->st_strands_created, WA_RLX);
+    freed += weft__load(&sh->st_strands_freed, WA_RLX);
+  }
+  out->strands_live = created >= freed ? created - freed : 0;
+  return 0;
+}
+
+int weft_rt_shard_stats(weft_rt *rt, unsigned shard, weft_shard_stats *out) {
+  if (!rt || !out)
+    return -EINVAL;
+  if (shard >= rt->nshards)
+    return -ERANGE;
+  memset(out, 0, sizeof(*out));
+  add_shard(out, &rt->shards[shard]);
+  return 0;
+}

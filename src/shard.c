@@ -1,0 +1,143 @@
+/*
+ * shard.c - the run loop of a runtime thread: find an item (own run queue,
+ * inject queue, steal), run it, park when there is none. Owns the
+ * thread-local identity of runtime threads.
+ *
+ * A thread holds at most one shard (thread->shard) and a shard records its
+ * holder (shard->owner). Today each thread keeps the shard it started with;
+ * nothing else assumes so, which is what lets a stuck shard change threads.
+ *
+ * Fairness: every 61st item comes from the inject queue first, so posts
+ * from outside are not starved by a shard whose handlers keep re-posting
+ * locally (61 is prime, so it does not beat with batch sizes).
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+
+static _Thread_local struct weft__thread *tls_self;
+static _Thread_local weft_strand *tls_strand;
+
+struct weft__thread *weft__self(void) { return tls_self; }
+void weft__set_current_strand(weft_strand *s) { tls_strand = s; }
+
+weft_strand *weft_strand_current(void) { return tls_strand; }
+
+weft_rt *weft_rt_current(void) { return tls_self ? tls_self->rt : NULL; }
+
+/* Local ring full: move half of it and the new item to the inject queue in
+ * one chain, so other threads can take them. */
+static void overflow(weft_rt *rt, struct weft__shard *sh, weft__item it) {
+  weft__item buf[WEFT_RUNQ_CAP / 2 + 1];
+  uint32_t n = weft__runq_grab(&sh->rq, buf, WEFT_RUNQ_CAP / 2);
+  buf[n++] = it;
+  weft__inject_push(&rt->inject, buf, n);
+  weft__notify_parked(rt);
+}
+
+void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it) {
+  if (local) {
+    if (!weft__runq_push(&local->rq, it))
+      overflow(rt, local, it);
+    else if (weft__runq_len(&local->rq) > 1)
+      weft__notify_parked(rt); /* there is work for another thread */
+    return;
+  }
+  weft__inject_push(&rt->inject, &it, 1);
+  weft__notify_parked(rt);
+}
+
+/* Takes a batch from the inject queue into the own ring; returns one. */
+static weft__item take_inject(weft_rt *rt, struct weft__shard *sh) {
+  weft__item buf[WEFT_RUNQ_CAP / 2];
+  uint32_t room = WEFT_RUNQ_CAP - weft__runq_len(&sh->rq);
+  uint32_t max = room / 2 > 0 ? room / 2 : 1;
+  if (max > WEFT_RUNQ_CAP / 2)
+    max = WEFT_RUNQ_CAP / 2;
+  uint32_t n = weft__inject_take(&rt->inject, buf, max);
+  if (!n)
+    return 0;
+  for (uint32_t i = 1; i < n; i++)
+    weft__runq_push(&sh->rq, buf[i]);
+  weft__stat_add(&sh->st_injected, n);
+  /* More here, or more left there: let a parked thread share it. */
+  if (n > 1 || weft__load(&rt->inject.len, WA_RLX) > 0)
+    weft__notify_parked(rt);
+  return buf[0];
+}
+
+static uint32_t xorshift(uint32_t *s) {
+  uint32_t x = *s;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  return *s = x;
+}
+
+static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
+  unsigned n = rt->nshards;
+  unsigned start = xorshift(&sh->rng) % n;
+  for (unsigned i = 0; i < n; i++) {
+    struct weft__shard *v = &rt->shards[(start + i) % n];
+    if (v == sh)
+      continue;
+    uint32_t got = 0;
+    weft__item it = weft__runq_steal(&v->rq, &sh->rq, &got);
+    if (it) {
+      weft__stat_add(&sh->st_steals, got);
+      return it;
+    }
+  }
+  return take_inject(rt, sh);
+}
+
+static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
+  weft__item it;
+  if (++sh->tick % 61 == 0 && (it = take_inject(rt, sh)))
+    return it;
+  if ((it = weft__runq_pop(&sh->rq)))
+    return it;
+  return take_inject(rt, sh);
+}
+
+static void run_item(struct weft__shard *sh, weft__item it) {
+  if (it & WEFT_ITEM_NODE)
+    weft__node_run(sh, (struct weft__node *)(it & ~WEFT_ITEM_NODE));
+  else
+    weft__strand_run(sh, (weft_strand *)it);
+}
+
+void weft__thread_main_loop(struct weft__thread *t) {
+  weft_rt *rt = t->rt;
+  for (;;) {
+    struct weft__shard *sh = t->shard;
+    weft__item it = next_item(rt, sh);
+    if (!it) {
+      if (weft__to_searching(rt, t))
+        it = steal(rt, sh);
+      if (!it) {
+        weft__stat_add(&sh->st_parks, 1);
+        if (!weft__park(rt, t))
+          return;
+        weft__stat_add(&sh->st_wakeups, 1);
+        continue;
+      }
+    }
+    if (t->searching)
+      weft__from_searching(rt, t);
+    run_item(sh, it);
+  }
+}
+
+void *weft__thread_entry(void *arg) {
+  struct weft__thread *t = arg;
+  weft_rt *rt = t->rt;
+  tls_self = t;
+  pthread_mutex_lock(&rt->life_lock);
+  rt->started++;
+  pthread_cond_broadcast(&rt->life_cond);
+  pthread_mutex_unlock(&rt->life_lock);
+  weft__thread_main_loop(t);
+  tls_self = NULL;
+  return NULL;
+}

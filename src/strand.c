@@ -1,0 +1,277 @@
+/*
+ * strand.c - strands (serial executors) and the posting of handlers.
+ * Owns: the life of a strand (create, release, reclaim) and of handler
+ * nodes from post to run.
+ *
+ * A strand is one word of state plus an intrusive MPSC list of nodes; the
+ * word is the list's tail (see struct weft_strand). No lock, nothing shared
+ * with another strand.
+ *
+ * Push (any thread):  n->next = 0; prev = XCHG(tail, n, acq_rel);
+ *   prev == 0: the strand was idle and this pusher alone made it busy, so
+ *              it alone schedules it: head = n, then a run-queue push
+ *              (a release) hands head to the drainer.
+ *   prev != 0: STORE(prev->next, n, release) links n behind prev.
+ * Drain (the one thread that popped the strand from a run queue): run head;
+ *   next = LOAD(n->next, acquire); if next is 0, CAS(tail, n -> 0, acq_rel):
+ *   success: the strand is idle again and the drainer must not touch it any
+ *            more (a new push may already have scheduled it elsewhere);
+ *   failure: a push exchanged tail after n but has not linked yet; wait a
+ *            few spins for the link, else requeue the strand and retry later
+ *            (the pusher may be preempted: nobody spins on it for long).
+ * Why a handler never runs twice or concurrently: only the pusher that saw
+ * prev == 0 schedules, and it sees 0 only after the drainer's successful
+ * CAS, which is the drainer's last access; the XCHG is an acquire of that
+ * CAS, so everything the old drainer did happens-before the new one.
+ * Why no node is lost: a node whose XCHG returned prev is reachable from
+ * prev as soon as the link store lands, and the drainer cannot retire prev
+ * (CAS tail prev -> 0) because tail is no longer prev.
+ * Why FIFO per poster: a thread's XCHGs on one tail are ordered by program
+ * order, and the list order is the XCHG order.
+ *
+ * Release marks tail with bit 0 by CAS (tail node | 1, or reclaims at once
+ * if tail is 0). Exactly one of the releaser and the drainer reclaims: the
+ * releaser if its CAS saw 0, the drainer if its final CAS failed on n | 1.
+ * Posting after release is a contract violation (weft.h); `released` catches
+ * it while the strand still exists, and WEFT_DEBUG builds never reuse a
+ * strand's memory so the check keeps working after reclaim.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define RELEASED_BIT ((uintptr_t)1)
+#define LINK_SPINS 64
+
+static inline struct weft__node *node_next(struct weft__node *n) {
+  return (struct weft__node *)weft__load(&n->link.next, WA_ACQ);
+}
+
+static struct weft__pool_cache *node_cache(struct weft__shard *sh) {
+  return sh ? &sh->node_cache : NULL;
+}
+
+int weft_strand_create(weft_rt *rt, weft_strand **out) {
+  if (!rt || !out)
+    return -EINVAL;
+  if (weft__load(&rt->closing, WA_ACQ))
+    return -ESHUTDOWN;
+  struct weft__shard *sh = weft__local_shard(rt);
+  weft_strand *s =
+      weft__pool_alloc(&rt->strand_pool, sh ? &sh->strand_cache : NULL);
+  if (!s)
+    return -ENOMEM;
+  weft__store(&s->qlink.next, 0, WA_RLX);
+  weft__store(&s->tail, 0, WA_RLX);
+  s->head = s->ran = NULL;
+  s->rt = rt;
+  weft__store(&s->released, 0, WA_RLX);
+  s->magic = WEFT_STRAND_MAGIC;
+  if (sh)
+    weft__stat_add(&sh->st_strands_created, 1);
+  else
+    weft__fetch_add(&rt->foreign_strands_created, 1, WA_RLX);
+  *out = s;
+  return 0;
+}
+
+/* Returns the strand's memory to the pool; nothing references it now. */
+static void strand_reclaim(weft_strand *s) {
+  weft_rt *rt = s->rt;
+  struct weft__shard *sh = weft__local_shard(rt);
+  s->magic = WEFT_STRAND_DEAD;
+  if (sh)
+    weft__stat_add(&sh->st_strands_freed, 1);
+  else
+    weft__fetch_add(&rt->foreign_strands_freed, 1, WA_RLX);
+#ifndef WEFT_DEBUG
+  weft__pool_free(&rt->strand_pool, sh ? &sh->strand_cache : NULL, s);
+#endif
+}
+
+void weft_strand_release(weft_strand *s) {
+  if (!s)
+    return;
+  if (weft__xchg(&s->released, 1, WA_RLX) || s->magic != WEFT_STRAND_MAGIC) {
+    fprintf(stderr, "weft: weft_strand_release(%p): strand already "
+                    "released\n", (void *)s);
+    return;
+  }
+  uintptr_t t = weft__load(&s->tail, WA_ACQ);
+  for (;;) {
+    if (t == 0) {
+      /* Idle. acquire above (or the failed CAS) orders the last drainer's
+       * accesses before the reclaim. */
+      strand_reclaim(s);
+      return;
+    }
+    if (weft__cas(&s->tail, &t, t | RELEASED_BIT, WA_AR, WA_ACQ))
+      return; /* the drainer reclaims */
+  }
+}
+
+int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
+  if (!s || !fn)
+    return -EINVAL;
+  if (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC)
+    return -EBADF;
+  weft_rt *rt = s->rt;
+  struct weft__shard *sh = weft__local_shard(rt);
+  if (sh) {
+    if (weft__load(&rt->closing, WA_RLX))
+      return -ESHUTDOWN;
+  } else {
+    int r = weft__foreign_enter(rt);
+    if (r)
+      return r;
+  }
+  struct weft__node *n = weft__pool_alloc(&rt->node_pool, node_cache(sh));
+  if (!n) {
+    if (!sh)
+      weft__foreign_exit(rt);
+    return -ENOMEM;
+  }
+  n->fn = fn;
+  n->cancel = cancel;
+  n->arg = arg;
+  weft__store(&n->link.next, 0, WA_RLX);
+  uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
+  if (prev == 0) {
+    s->head = n;
+    s->ran = NULL;
+    weft__schedule(rt, sh, (weft__item)s);
+  } else {
+    struct weft__node *p = (struct weft__node *)(prev & ~RELEASED_BIT);
+    weft__store(&p->link.next, (uintptr_t)n, WA_REL);
+  }
+  if (!sh)
+    weft__foreign_exit(rt);
+  return 0;
+}
+
+int weft_post(weft_strand *s, weft_fn fn, void *arg) {
+  return weft_post_ex(s, fn, NULL, arg);
+}
+
+int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg) {
+  if (!rt || !fn)
+    return -EINVAL;
+  struct weft__shard *sh = weft__local_shard(rt);
+  if (sh) {
+    if (weft__load(&rt->closing, WA_RLX))
+      return -ESHUTDOWN;
+  } else {
+    int r = weft__foreign_enter(rt);
+    if (r)
+      return r;
+  }
+  struct weft__node *n = weft__pool_alloc(&rt->node_pool, node_cache(sh));
+  if (!n) {
+    if (!sh)
+      weft__foreign_exit(rt);
+    return -ENOMEM;
+  }
+  n->fn = fn;
+  n->cancel = cancel;
+  n->arg = arg;
+  weft__schedule(rt, sh, (weft__item)n | WEFT_ITEM_NODE);
+  if (!sh)
+    weft__foreign_exit(rt);
+  return 0;
+}
+
+int weft_post_rt(weft_rt *rt, weft_fn fn, void *arg) {
+  return weft_post_rt_ex(rt, fn, NULL, arg);
+}
+
+/* Runs or cancels one node; returns 1 if it ran, 0 if it was cancelled. */
+static inline int invoke(weft_rt *rt, struct weft__node *n) {
+  if (__builtin_expect(weft__load(&rt->cancelling, WA_RLX) != 0, 0)) {
+    if (n->cancel)
+      n->cancel(n->arg);
+    return 0;
+  }
+  n->fn(n->arg);
+  return 1;
+}
+
+void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
+  weft_rt *rt = sh->rt;
+  if (invoke(rt, n))
+    weft__stat_add(&sh->st_handlers_run, 1);
+  else
+    weft__stat_add(&sh->st_handlers_cancelled, 1);
+  weft__pool_free(&rt->node_pool, &sh->node_cache, n);
+}
+
+/* Waits a few spins for n's successor to be linked. */
+static struct weft__node *wait_link(struct weft__node *n) {
+  for (int i = 0; i < LINK_SPINS; i++) {
+    struct weft__node *next = node_next(n);
+    if (next)
+      return next;
+    weft__cpu_relax();
+  }
+  return NULL;
+}
+
+void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
+  weft_rt *rt = sh->rt;
+  struct weft__pool_cache *nc = &sh->node_cache;
+  uint64_t ran = 0, cancelled = 0;
+  unsigned budget = rt->batch;
+  struct weft__node *n = s->head;
+  if (!n) {
+    /* Resuming after a cut link: s->ran ran, its successor is pending. */
+    n = wait_link(s->ran);
+    if (!n) {
+      sched_yield();
+      weft__schedule(rt, sh, (weft__item)s);
+      return;
+    }
+    weft__pool_free(&rt->node_pool, nc, s->ran);
+    s->ran = NULL;
+  }
+  weft__set_current_strand(s);
+  for (;;) {
+    if (invoke(rt, n))
+      ran++;
+    else
+      cancelled++;
+    struct weft__node *next = node_next(n);
+    if (!next) {
+      uintptr_t expect = (uintptr_t)n;
+      if (weft__cas(&s->tail, &expect, 0, WA_AR, WA_ACQ)) {
+        weft__pool_free(&rt->node_pool, nc, n);
+        break; /* idle: s is no longer ours */
+      }
+      if (expect == ((uintptr_t)n | RELEASED_BIT)) {
+        weft__pool_free(&rt->node_pool, nc, n);
+        strand_reclaim(s);
+        break;
+      }
+      next = wait_link(n);
+      if (!next) {
+        s->head = NULL;
+        s->ran = n;
+        weft__schedule(rt, sh, (weft__item)s);
+        break;
+      }
+    }
+    weft__pool_free(&rt->node_pool, nc, n);
+    n = next;
+    if (--budget == 0) {
+      s->head = n;
+      weft__schedule(rt, sh, (weft__item)s);
+      break;
+    }
+  }
+  weft__set_current_strand(NULL);
+  weft__stat_add(&sh->st_handlers_run, ran);
+  if (cancelled)
+    weft__stat_add(&sh->st_handlers_cancelled, cancelled);
+  weft__stat_add(&sh->st_strands_run, 1);
+}
