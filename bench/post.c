@@ -147,8 +147,8 @@ static bool run_peer(long iterations, int samples, double out[3]) {
   buf[len] = 0;
   int st;
   waitpid(pid, &st, 0);
-  const char *keys[3] = {"\"post_run_ns\":", "\"wake_p50_us\":",
-                         "\"wake_p99_us\":"};
+  const char *keys[3] = {
+      "\"post_run_ns\":", "\"wake_p50_us\":", "\"wake_p99_us\":"};
   for (int i = 0; i < 3; i++) {
     const char *p = strstr(buf, keys[i]);
     if (!p)
@@ -186,8 +186,8 @@ int main(int argc, char **argv) {
   printf("weft: post+run %.1f ns, wake p50 %.1f us p99 %.1f us\n", ns, p50,
          p99);
   if (have)
-    printf("asio: post+run %.1f ns, wake p50 %.1f us p99 %.1f us\n", a[0],
-           a[1], a[2]);
+    printf("asio: post+run %.1f ns, wake p50 %.1f us p99 %.1f us\n", a[0], a[1],
+           a[2]);
   printf("{\"bench\":\"post\",\"iterations\":%ld,\"samples\":%d,"
          "\"post_run_ns\":%.2f,\"wake_p50_us\":%.2f,\"wake_p99_us\":%.2f",
          iterations, samples, ns, p50, p99);

@@ -29,8 +29,10 @@
 
 extern char **environ;
 
-static atomic_bool running;
-static atomic_long counter;
+/* On separate cache lines (the peer does the same): every handler writes
+ * counter and reads running. */
+static _Alignas(64) atomic_bool running;
+static _Alignas(64) atomic_long counter;
 static double block_limit_s;
 
 struct work {
@@ -148,9 +150,12 @@ static double run_peer(const struct opts *o, unsigned blocking, bool legacy) {
   snprintf(sec, sizeof(sec), "%.3f", o->seconds);
   snprintf(blk, sizeof(blk), "%u", blocking);
   snprintf(wk, sizeof(wk), "%u", o->work);
-  char *argv[] = {path,        "--threads", th,   "--seconds",
-                  sec,         "--blocking", blk, "--work",
-                  wk,          legacy ? "--legacy" : NULL, NULL};
+  char *argv[] = {path, "--threads",
+                  th,   "--seconds",
+                  sec,  "--blocking",
+                  blk,  "--work",
+                  wk,   legacy ? "--legacy" : NULL,
+                  NULL};
   int fds[2];
   if (pipe(fds) != 0)
     return -1;

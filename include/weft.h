@@ -81,22 +81,23 @@ WEFT_API void weft_config_init(weft_config *cfg);
  * -ENOMEM, -EAGAIN (a thread could not be started). Any thread. */
 WEFT_API int weft_rt_create(weft_rt **rt, const weft_config *cfg);
 
-/* Shutdown modes. */
-#define WEFT_SHUTDOWN_DRAIN 0  /* run every handler already accepted */
-#define WEFT_SHUTDOWN_CANCEL 1 /* run the cancel function of every handler
-                                  not yet started instead */
-#define WEFT_SHUTDOWN_NOWAIT 2 /* flag: start the shutdown, do not wait */
+/* Shutdown modes. DRAIN: run every handler already accepted. CANCEL: run
+ * the cancel function of every handler not yet started instead. NOWAIT, a
+ * flag to either: start the shutdown, do not wait for it. */
+#define WEFT_SHUTDOWN_DRAIN 0
+#define WEFT_SHUTDOWN_CANCEL 1
+#define WEFT_SHUTDOWN_NOWAIT 2
 
 /* Stops accepting work and finishes what was accepted: every handler ever
  * accepted runs exactly once, or (CANCEL) its cancel function runs exactly
- * once instead; a handler accepted without a cancel function is then dropped
- * and counted in weft_stats.handlers_cancelled. Handlers already running are
- * never interrupted. From the moment it is called, every post fails with
- * -ESHUTDOWN, from any thread (handlers included).
- * Without WEFT_SHUTDOWN_NOWAIT it returns when all that work is done.
- * Errors: -EINVAL (rt NULL, bad how), -EALREADY (shutdown already started),
- * -EDEADLK (called from a handler of this runtime without
- * WEFT_SHUTDOWN_NOWAIT: it would wait for itself). Any thread. */
+ * once instead (a handler without one is dropped); every handler that did
+ * not run is counted in weft_shard_stats.handlers_cancelled. Handlers already
+ * running are never interrupted. From the moment it is called, every post fails
+ * with -ESHUTDOWN, from any thread (handlers included). Without
+ * WEFT_SHUTDOWN_NOWAIT it returns when all that work is done. Errors: -EINVAL
+ * (rt NULL, bad how), -EALREADY (shutdown already started), -EDEADLK (called
+ * from a handler of this runtime without WEFT_SHUTDOWN_NOWAIT: it would wait
+ * for itself). Any thread. */
 WEFT_API int weft_rt_shutdown(weft_rt *rt, int how);
 
 /* Joins every thread and frees the runtime and all its strands, released or
@@ -162,9 +163,9 @@ typedef struct weft_shard_stats {
 } weft_shard_stats;
 
 typedef struct weft_stats {
-  unsigned shards;          /* number of shards */
-  weft_shard_stats total;   /* sum over the shards */
-  uint64_t strands_live;    /* strands created and not yet reclaimed */
+  unsigned shards;        /* number of shards */
+  weft_shard_stats total; /* sum over the shards */
+  uint64_t strands_live;  /* strands created and not yet reclaimed */
 } weft_stats;
 
 /* Counters of the runtime, summed over its shards. They are read without

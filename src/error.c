@@ -3,6 +3,7 @@
  */
 #include "internal.h"
 
+#include <limits.h>
 #include <string.h>
 
 #define STR2(x) #x
@@ -18,6 +19,8 @@ const char *weft_version_string(void) {
 const char *weft_strerror(int err) {
   if (err == 0)
     return "Success";
+  if (err == INT_MIN)
+    return "Unknown error";
   if (err < 0)
     err = -err;
   /* strerrordesc_np (glibc >= 2.32) returns a static string without

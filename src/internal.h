@@ -52,13 +52,14 @@ struct weft__node {
  *   tail == node       busy: scheduled or running; node is the newest
  *   tail == node | 1   busy and released: reclaim when drained */
 struct weft_strand {
-  struct weft__link qlink;      /* inject-queue link; must stay first */
-  _Atomic uintptr_t tail;       /* see above; pushers exchange it */
-  struct weft__node *head;      /* drainer only: next node to run */
-  struct weft__node *ran;       /* drainer only: ran, successor unlinked */
+  struct weft__link qlink; /* inject-queue link; must stay first */
+  _Atomic uintptr_t tail;  /* see above; pushers exchange it */
+  struct weft__node *head; /* drainer only: next node to run */
+  struct weft__node *ran;  /* drainer only: ran, successor unlinked */
   weft_rt *rt;
-  _Atomic uint32_t released;    /* set by weft_strand_release */
+  _Atomic uint32_t released; /* set by weft_strand_release */
   uint32_t magic;
+  bool self_released; /* drainer only: released from its own handler */
 };
 
 /* ---- object pools (pool.c) ----------------------------------------------
@@ -188,7 +189,7 @@ struct weft_rt {
   /* lifecycle; closing and cancelling only go 0 -> 1 */
   _Atomic uint32_t closing WEFT_ALIGNED;
   _Atomic uint32_t cancelling;
-  _Atomic uint32_t done;      /* all accepted work finished */
+  _Atomic uint32_t done;            /* all accepted work finished */
   _Atomic int64_t foreign_inflight; /* posts from outside in progress */
   _Atomic uint64_t foreign_strands_created, foreign_strands_freed;
   pthread_mutex_t life_lock; /* guards the fields below */

@@ -46,8 +46,8 @@ static inline uint32_t unparked_of(uint64_t st) { return (uint32_t)(st >> 32); }
 
 void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected) {
   /* EINTR and EAGAIN (value changed) both just return: callers loop. */
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL,
-          NULL, 0);
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL,
+          0);
 }
 
 void weft__futex_wake(_Atomic uint32_t *addr, int n) {

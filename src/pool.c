@@ -50,7 +50,7 @@ static struct weft__freeobj *carve(struct weft__pool *p, uint32_t n,
   struct weft__freeobj *head = NULL;
   uint32_t i = 0;
   for (; i < n; i++) {
-    if (p->bump + p->objsize > p->bump_end) {
+    if (!p->bump || (size_t)(p->bump_end - p->bump) < p->objsize) {
       struct weft__slab *s = aligned_alloc(WEFT_CACHELINE, SLAB_BYTES);
       if (!s)
         break;

@@ -84,8 +84,8 @@ static int validate(const weft_config *cfg, unsigned *workers,
 static int start_threads(weft_rt *rt) {
   sigset_t all, old;
   sigfillset(&all);
-  const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS,
-                           SIGABRT};
+  const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL,
+                           SIGTRAP, SIGSYS, SIGABRT};
   for (size_t i = 0; i < sizeof(sync_sigs) / sizeof(sync_sigs[0]); i++)
     sigdelset(&all, sync_sigs[i]);
   pthread_sigmask(SIG_SETMASK, &all, &old);

@@ -18,7 +18,9 @@
 static _Thread_local struct weft__thread *tls_self;
 static _Thread_local weft_strand *tls_strand;
 
-struct weft__thread *weft__self(void) { return tls_self; }
+struct weft__thread *weft__self(void) {
+  return tls_self;
+}
 void weft__set_current_strand(weft_strand *s) { tls_strand = s; }
 
 weft_strand *weft_strand_current(void) { return tls_strand; }

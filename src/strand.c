@@ -32,6 +32,9 @@
  * Release marks tail with bit 0 by CAS (tail node | 1, or reclaims at once
  * if tail is 0). Exactly one of the releaser and the drainer reclaims: the
  * releaser if its CAS saw 0, the drainer if its final CAS failed on n | 1.
+ * Released from its own handler, the releaser is the drainer: it sets a
+ * plain flag and reclaims after its final CAS succeeds (after release no
+ * push is allowed, so an idle released strand is unreachable).
  * Posting after release is a contract violation (weft.h); `released` catches
  * it while the strand still exists, and WEFT_DEBUG builds never reuse a
  * strand's memory so the check keeps working after reclaim.
@@ -70,6 +73,7 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   s->rt = rt;
   weft__store(&s->released, 0, WA_RLX);
   s->magic = WEFT_STRAND_MAGIC;
+  s->self_released = false;
   if (sh)
     weft__stat_add(&sh->st_strands_created, 1);
   else
@@ -95,9 +99,18 @@ static void strand_reclaim(weft_strand *s) {
 void weft_strand_release(weft_strand *s) {
   if (!s)
     return;
-  if (weft__xchg(&s->released, 1, WA_RLX) || s->magic != WEFT_STRAND_MAGIC) {
-    fprintf(stderr, "weft: weft_strand_release(%p): strand already "
-                    "released\n", (void *)s);
+  /* A load and a store, not an exchange: two racing releases are a bug
+   * this cannot catch anyway; a sequential double release it does catch. */
+  if (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC) {
+    fprintf(stderr, "weft: weft_strand_release(%p): strand already released\n",
+            (void *)s);
+    return;
+  }
+  weft__store(&s->released, 1, WA_RLX);
+  if (weft_strand_current() == s) {
+    /* From its own handler: this thread is the drainer, which reclaims
+     * the strand when it next goes idle (no atomic needed here). */
+    s->self_released = true;
     return;
   }
   uintptr_t t = weft__load(&s->tail, WA_ACQ);
@@ -244,9 +257,12 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     struct weft__node *next = node_next(n);
     if (!next) {
       uintptr_t expect = (uintptr_t)n;
+      bool self_released = s->self_released; /* read while s is ours */
       if (weft__cas(&s->tail, &expect, 0, WA_AR, WA_ACQ)) {
         weft__pool_free(&rt->node_pool, nc, n);
-        break; /* idle: s is no longer ours */
+        if (self_released)
+          strand_reclaim(s); /* released: nobody may push any more */
+        break;               /* idle: s is no longer ours */
       }
       if (expect == ((uintptr_t)n | RELEASED_BIT)) {
         weft__pool_free(&rt->node_pool, nc, n);

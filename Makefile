@@ -1,0 +1,130 @@
+# weft: convenience targets around CMake.
+#
+#   make [all]      check Debian packages, configure and build build/ (Release)
+#   make demo       build, then run build/examples/seed_strand
+#   make test       build and ctest three configurations: build/ (gcc,
+#                   Release), build-asan/ (clang, ASan+UBSan, Debug),
+#                   build-tsan/ (gcc, TSan, RelWithDebInfo)
+#   make test-release | test-asan | test-tsan    one of them
+#   make bench      build, then run every benchmark in build/bench/
+#   make format | format-check                   clang-format the sources
+#   make install [PREFIX=/usr/local] [DESTDIR=]  install build/
+#   make clean      remove the build directories
+#
+# Variables: JOBS (build parallelism, default nproc), CTEST_TIMEOUT (seconds
+# per test, default 300), CTEST_ARGS (more ctest arguments, e.g. -R strand),
+# BENCH_SKIP (shell patterns of build/bench/ programs not to run).
+
+.NOTPARALLEL:
+.DEFAULT_GOAL := all
+MAKEFLAGS += --no-print-directory
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+
+CMAKE ?= cmake
+CTEST ?= ctest
+CLANG_FORMAT ?= clang-format
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+PREFIX ?= /usr/local
+CTEST_TIMEOUT ?= 300
+CTEST_ARGS ?=
+BENCH_SKIP ?= *helper* _*
+
+WEFT_ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:abort_on_error=0
+WEFT_UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
+WEFT_TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+
+FORMAT_DIRS := $(wildcard src include tests bench examples)
+FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \
+                 \( -name '*.c' -o -name '*.h' -o -name '*.cpp' \) | sort)
+
+# $(call configure,DIR,CC,CXX,CMAKE ARGS): configure and build DIR.
+define configure
+$(CMAKE) -S . -B $(1) --no-warn-unused-cli \
+  -DCMAKE_C_COMPILER=$(2) -DCMAKE_CXX_COMPILER=$(3) $(4)
+$(CMAKE) --build $(1) --parallel $(JOBS)
+endef
+CTEST_RUN = $(CTEST) --output-on-failure --timeout $(CTEST_TIMEOUT) $(CTEST_ARGS)
+
+RELEASE_ARGS := -DCMAKE_BUILD_TYPE=Release -DWEFT_SANITIZE= -DWEFT_TEST_SCALE=1
+ASAN_ARGS := -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=address \
+             -DWEFT_TEST_SCALE=8
+TSAN_ARGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread \
+             -DWEFT_TEST_SCALE=16
+
+.PHONY: all deps build demo test test-release test-asan test-tsan bench \
+        format format-check install clean
+
+all: build
+
+deps:
+	@sh tools/deps.sh
+
+build: deps
+	$(call configure,build,gcc,g++,$(RELEASE_ARGS))
+
+demo: build
+	./build/examples/seed_strand
+
+test: deps test-release test-asan test-tsan
+	@echo "==== weft: all three test configurations passed ===="
+
+test-release: deps
+	@echo "==== weft test [1/3]: build/ gcc Release, WEFT_TEST_SCALE=1 ===="
+	$(call configure,build,gcc,g++,$(RELEASE_ARGS))
+	cd build && $(CTEST_RUN)
+
+# clang if present (then gcc and clang both build weft with -Werror).
+test-asan: deps
+	@cc=gcc; cxx=g++; \
+	if command -v clang >/dev/null && command -v clang++ >/dev/null; then \
+	  cc=clang; cxx=clang++; fi; \
+	echo "==== weft test [2/3]: build-asan/ $$cc Debug ASan+UBSan," \
+	  "WEFT_TEST_SCALE=8 ===="; \
+	set -x; \
+	$(CMAKE) -S . -B build-asan --no-warn-unused-cli \
+	  -DCMAKE_C_COMPILER=$$cc -DCMAKE_CXX_COMPILER=$$cxx $(ASAN_ARGS); \
+	$(CMAKE) --build build-asan --parallel $(JOBS); \
+	cd build-asan && ASAN_OPTIONS=$(WEFT_ASAN_OPTIONS) \
+	  UBSAN_OPTIONS=$(WEFT_UBSAN_OPTIONS) \
+	  ../tools/san-exec.sh address $$cc $(CTEST_RUN)
+
+test-tsan: deps
+	@echo "==== weft test [3/3]: build-tsan/ gcc RelWithDebInfo TSan," \
+	  "WEFT_TEST_SCALE=16 ===="
+	$(call configure,build-tsan,gcc,g++,$(TSAN_ARGS))
+	cd build-tsan && TSAN_OPTIONS=$(WEFT_TSAN_OPTIONS) \
+	  ../tools/san-exec.sh thread gcc $(CTEST_RUN)
+
+bench: build
+	@skip_pats='$(BENCH_SKIP)'; fail=0; ran=0; \
+	for b in build/bench/*; do \
+	  [ -f "$$b" ] && [ -x "$$b" ] || continue; \
+	  name=$${b##*/}; skip=0; \
+	  set -f; \
+	  for pat in $$skip_pats; do \
+	    case $$name in $$pat) skip=1 ;; esac; \
+	  done; \
+	  set +f; \
+	  [ $$skip = 0 ] || continue; \
+	  echo "==== bench: $$name ===="; ran=$$((ran + 1)); \
+	  "$$b" || { echo "bench: $$name failed (status $$?)" >&2; fail=1; }; \
+	done; \
+	[ $$ran -gt 0 ] || { echo "bench: no programs in build/bench/" >&2; exit 1; }; \
+	exit $$fail
+
+format:
+	@command -v $(CLANG_FORMAT) >/dev/null || \
+	  { echo "$(CLANG_FORMAT) not found (apt-get install clang-format)" >&2; exit 1; }
+	$(CLANG_FORMAT) -i $(FORMAT_FILES)
+
+format-check:
+	@command -v $(CLANG_FORMAT) >/dev/null || \
+	  { echo "$(CLANG_FORMAT) not found (apt-get install clang-format)" >&2; exit 1; }
+	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_FILES)
+
+install: build
+	DESTDIR="$(DESTDIR)" $(CMAKE) --install build --prefix "$(PREFIX)"
+
+clean:
+	rm -rf build build-asan build-tsan
