@@ -67,6 +67,11 @@ typedef struct weft_config {
   /* Handlers a strand runs in one turn before it requeues itself at the back
    * of the run queue, so a busy strand cannot starve others. 0: 64. */
   unsigned batch;
+  /* Timer slack of the runtime's threads (prctl PR_SET_TIMERSLACK), in
+   * nanoseconds. 0: 1 ns, so sleeps end at the deadline (Linux's default of
+   * 50 us would make every timer up to 50 us late). Larger values save
+   * wakeups at the cost of lateness. */
+  unsigned timer_slack_ns;
   /* Reserved for future options; must be zero. */
   unsigned flags;
 } weft_config;
@@ -151,6 +156,71 @@ WEFT_API weft_strand *weft_strand_current(void);
 /* The runtime whose handler the calling thread is running, or NULL. */
 WEFT_API weft_rt *weft_rt_current(void);
 
+/* ---- timers --------------------------------------------------------------
+ * A timer fires once at a deadline, or periodically. Deadlines are
+ * nanoseconds of CLOCK_MONOTONIC (weft_now_ns) and are never rounded down:
+ * a timer never fires early, and late only by the time the kernel takes to
+ * wake a thread (plus about 1 us of wheel granularity).
+ *
+ * The handler receives its arg, a status and a count:
+ *   status 0:             the timer fired; missed is the number of whole
+ *                         periods that passed unfired before this firing (a
+ *                         periodic timer whose handler or strand was held
+ *                         up skips them instead of firing them in a burst);
+ *   status -ECANCELED:    the runtime is shutting down and the timer was
+ *                         armed, or a firing was queued at a CANCEL
+ *                         shutdown; missed is 0. It is the timer's last call.
+ * On a strand it runs there, serialised with the strand's other handlers;
+ * without one it runs on any worker.
+ *
+ * Periodic timers do not drift: the next deadline is the previous deadline
+ * plus the period, counted from when the handler returns, so a handler that
+ * runs long makes the following periods count as missed.
+ *
+ * A timer belongs to one runtime and is 64 bytes. Each is homed on one shard,
+ * whose timing wheel (O(1) start and cancel) holds it; a shard that has
+ * nothing else to do sleeps until its earliest deadline exactly. */
+typedef struct weft_timer weft_timer;
+typedef void (*weft_timer_fn)(void *arg, int status, uint64_t missed);
+
+/* CLOCK_MONOTONIC now, in nanoseconds. Any thread. */
+WEFT_API uint64_t weft_now_ns(void);
+
+/* Creates an idle timer. Errors: -EINVAL, -ENOMEM, -ESHUTDOWN. Any thread. */
+WEFT_API int weft_timer_create(weft_rt *rt, weft_timer **t);
+
+/* Arms t to fire after after_ns (0: at once), then every period_ns if
+ * period_ns is not 0. Starting an armed timer re-arms it (its pending firing
+ * is replaced). s may be NULL (run on any worker); it must belong to the
+ * timer's runtime and must not be released while the timer is armed or a
+ * firing is pending. A firing already under way (its handler queued or
+ * running) is not affected, except that it will not re-arm a periodic timer.
+ * Errors: -EINVAL (t or fn NULL, or deadline overflow), -EXDEV (s belongs
+ * to another runtime), -EBADF (s released, or t destroyed), -ESHUTDOWN.
+ * Any thread. */
+WEFT_API int weft_timer_start(weft_timer *t, weft_strand *s, uint64_t after_ns,
+                              uint64_t period_ns, weft_timer_fn fn, void *arg);
+
+/* As weft_timer_start with an absolute deadline (weft_now_ns clock). A
+ * deadline in the past fires at once. */
+WEFT_API int weft_timer_start_at(weft_timer *t, weft_strand *s,
+                                 uint64_t deadline_ns, uint64_t period_ns,
+                                 weft_timer_fn fn, void *arg);
+
+/* Disarms t. Exactly one of "fired" and "cancelled" happens to each
+ * arming, and the return value says which: 0 when the timer was armed and
+ * now will not fire (its handler will not run for that arming); -EALREADY
+ * when it was not armed: it already fired (its handler may still be queued
+ * or running, and a periodic timer will not re-arm after it), was
+ * cancelled before, or was never started. Errors: -EINVAL. Any thread. */
+WEFT_API int weft_timer_cancel(weft_timer *t);
+
+/* Cancels t (as weft_timer_cancel) and frees it once no firing of it is
+ * queued or running; a firing that is queued but has not started is
+ * dropped (its handler is not called). t must not be used afterwards. Any
+ * thread, its own handler included. */
+WEFT_API void weft_timer_destroy(weft_timer *t);
+
 typedef struct weft_shard_stats {
   uint64_t handlers_run;       /* handlers run */
   uint64_t handlers_cancelled; /* handlers not run at CANCEL shutdown: their
@@ -160,6 +230,7 @@ typedef struct weft_shard_stats {
   uint64_t parks;              /* times its thread went to sleep */
   uint64_t wakeups;            /* times a sleeping thread was woken for it */
   uint64_t injected;           /* items taken from the runtime inject queue */
+  uint64_t timers_fired;       /* timer expirations (handlers queued) */
 } weft_shard_stats;
 
 typedef struct weft_stats {

@@ -141,6 +141,57 @@ void weft__inject_push(struct weft__inject *q, const weft__item *items,
 uint32_t weft__inject_take(struct weft__inject *q, weft__item *out,
                            uint32_t max);
 
+struct weft__shard;
+
+/* ---- timers (timer.c) ----------------------------------------------------
+ * A hierarchical timing wheel per shard: 6 levels of 64 slots; a level-0
+ * slot is one tick of 2^10 ns, each level 64 times the one below, about 19.5
+ * hours in all (further deadlines are parked in the last level and cascade
+ * again). Slots are circular doubly-linked lists through the timers. All of
+ * a shard's wheel and the state of the timers homed there are guarded by the
+ * shard's tlock, held only for a few pointer operations, never across a
+ * handler; any thread may take it, so a thread other than the shard's may
+ * serve its expired timers. */
+#define WEFT_WHEEL_LEVELS 6
+#define WEFT_WHEEL_SLOTS 64
+#define WEFT_TICK_SHIFT 10
+
+struct weft__tlist {
+  struct weft__tlist *next, *prev;
+};
+
+struct weft__wheel {
+  uint64_t elapsed; /* ticks: every deadline before it has been handled */
+  uint64_t occupied[WEFT_WHEEL_LEVELS];
+  struct weft__tlist slot[WEFT_WHEEL_LEVELS][WEFT_WHEEL_SLOTS];
+  uint64_t count;
+};
+
+enum { WEFT_T_IDLE = 0, WEFT_T_ARMED = 1, WEFT_T_FIRED = 2 };
+
+/* 64 bytes. Fields below `arg` are guarded by the home shard's tlock. */
+struct weft_timer {
+  struct weft__tlist link; /* wheel slot list while ARMED */
+  uint64_t deadline;       /* ns */
+  uint64_t period;         /* ns, 0: one-shot */
+  weft_timer_fn fn;
+  void *arg;
+  weft_strand *strand; /* NULL: any worker */
+  weft_rt *rt;
+  /* state: WEFT_T_*; where: level * 64 + slot while ARMED; inflight: firings
+   * queued or running; missed: reported to the next firing. */
+  uint64_t state : 2, destroyed : 1, where : 9, inflight : 16, missed : 32;
+};
+
+void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns);
+/* Fires the due timers of shard `home` (trylock: returns if busy), posting
+ * their handlers from the calling thread's shard `local`. */
+void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
+                           uint64_t now_ns);
+/* At shutdown: every armed timer's handler is queued with -ECANCELED. */
+void weft__timers_flush(weft_rt *rt);
+uint64_t weft__now_ns(void);
+
 /* ---- shards, threads, runtime ------------------------------------------- */
 struct weft__thread;
 
@@ -153,7 +204,13 @@ struct weft__shard {
   uint32_t rng;
   struct weft__pool_cache node_cache;
   struct weft__pool_cache strand_cache;
+  struct weft__pool_cache timer_cache;
+  /* timers: next deadline (ns, UINT64_MAX: none) readable without tlock */
+  _Atomic uint64_t timer_next;
+  pthread_mutex_t tlock;
+  struct weft__wheel wheel;
   /* counters: written by the owning thread, read by anyone */
+  _Atomic uint64_t st_timers_fired;
   _Atomic uint64_t st_handlers_run, st_handlers_cancelled, st_strands_run,
       st_steals, st_parks, st_wakeups, st_injected;
   _Atomic uint64_t st_strands_created, st_strands_freed;
@@ -165,7 +222,9 @@ struct weft__thread {
   pthread_t tid;
   unsigned idx;
   bool searching;
-  _Atomic uint32_t wake; /* futex word: 1 = woken */
+  /* futex word: 0 asleep or running, 1 woken by a notifier (popped from the
+   * sleepers), 2 kicked (a timer moved its shard's deadline earlier) */
+  _Atomic uint32_t wake;
 } WEFT_ALIGNED;
 
 /* idle.state packs (unparked << 32) | searching; see park.c. */
@@ -185,6 +244,8 @@ struct weft_rt {
   struct weft__idle idle;
   struct weft__pool node_pool;
   struct weft__pool strand_pool;
+  struct weft__pool timer_pool;
+  unsigned timer_slack_ns;
 
   /* lifecycle; closing and cancelling only go 0 -> 1 */
   _Atomic uint32_t closing WEFT_ALIGNED;
@@ -214,7 +275,10 @@ void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it);
 void weft__thread_main_loop(struct weft__thread *t);
 void *weft__thread_entry(void *arg);
 
-/* Strands (strand.c). */
+/* Strands (strand.c). Push without the shutdown check: for work that was
+ * already accepted (timer firings). */
+void weft__strand_push(weft_strand *s, struct weft__shard *local,
+                       struct weft__node *n);
 void weft__strand_run(struct weft__shard *sh, weft_strand *s);
 void weft__node_run(struct weft__shard *sh, struct weft__node *n);
 
@@ -230,6 +294,11 @@ void weft__from_searching(weft_rt *rt, struct weft__thread *t);
 bool weft__park(weft_rt *rt, struct weft__thread *t);
 void weft__wake_all_done(weft_rt *rt);
 void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected);
+/* Waits until *addr != expected or CLOCK_MONOTONIC reaches deadline_ns. */
+void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
+                            uint64_t deadline_ns);
+/* A timer made shard sh's earliest deadline earlier: wake its thread. */
+void weft__kick(struct weft__shard *sh);
 void weft__futex_wake(_Atomic uint32_t *addr, int n);
 
 /* Posting from outside (rt.c). */

@@ -34,6 +34,7 @@
 #include <linux/futex.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SEARCHING_MASK ((uint64_t)0xffffffffu)
@@ -48,6 +49,23 @@ void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected) {
   /* EINTR and EAGAIN (value changed) both just return: callers loop. */
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL,
           0);
+}
+
+void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
+                            uint64_t deadline_ns) {
+  /* FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline: no
+   * relative-time drift between reading the clock and sleeping. */
+  struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
+                        .tv_nsec = (long)(deadline_ns % 1000000000u)};
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_BITSET_PRIVATE, expected,
+          &ts, NULL, FUTEX_BITSET_MATCH_ANY);
+}
+
+void weft__kick(struct weft__shard *sh) {
+  struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
+  uint32_t zero = 0;
+  if (t && weft__cas(&t->wake, &zero, 2, WA_AR, WA_RLX))
+    weft__futex_wake(&t->wake, 1);
 }
 
 void weft__futex_wake(_Atomic uint32_t *addr, int n) {
@@ -159,6 +177,49 @@ static bool shutdown_complete(weft_rt *rt, uint64_t state_after) {
          weft__load(&rt->foreign_inflight, WA_SC) == 0;
 }
 
+/* Removes t from the sleepers if it is still there; lock held. */
+static bool leave_sleepers(struct weft__idle *idle, struct weft__thread *t) {
+  for (unsigned i = 0; i < idle->nsleepers; i++) {
+    if (idle->sleepers[i] == t) {
+      idle->sleepers[i] = idle->sleepers[--idle->nsleepers];
+      return true;
+    }
+  }
+  return false;
+}
+
+/* Sleeps until a notifier pops t (returns true), or until t's shard has a
+ * timer due or t was kicked and t left the sleepers by itself (returns
+ * false: t is counted unparked, not searching). */
+static bool sleep_until_woken(weft_rt *rt, struct weft__thread *t) {
+  struct weft__idle *idle = &rt->idle;
+  for (;;) {
+    uint32_t w = weft__load(&t->wake, WA_ACQ);
+    if (w == 1)
+      return true;
+    uint64_t deadline = weft__load(&t->shard->timer_next, WA_ACQ);
+    if (w == 2 || (deadline != UINT64_MAX && weft__now_ns() >= deadline)) {
+      pthread_mutex_lock(&idle->lock);
+      bool left = leave_sleepers(idle, t);
+      if (left)
+        weft__fetch_add(&idle->state, UNPARKED_ONE, WA_SC);
+      pthread_mutex_unlock(&idle->lock);
+      if (left) {
+        weft__store(&t->wake, 0, WA_RLX);
+        return false;
+      }
+      /* Popped meanwhile: its notifier is about to store 1. */
+      while ((w = weft__load(&t->wake, WA_ACQ)) != 1)
+        weft__futex_wait(&t->wake, w);
+      return true;
+    }
+    if (deadline == UINT64_MAX)
+      weft__futex_wait(&t->wake, 0);
+    else
+      weft__futex_wait_until(&t->wake, 0, deadline);
+  }
+}
+
 bool weft__park(weft_rt *rt, struct weft__thread *t) {
   struct weft__idle *idle = &rt->idle;
   pthread_mutex_lock(&idle->lock);
@@ -181,8 +242,8 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
     weft__wake_all_done(rt);
     return false;
   }
-  while (weft__load(&t->wake, WA_ACQ) == 0)
-    weft__futex_wait(&t->wake, 0);
+  if (!sleep_until_woken(rt, t))
+    return true; /* left the sleepers itself: a timer is due */
   weft__store(&t->wake, 0, WA_RLX);
   if (weft__load(&rt->done, WA_ACQ))
     return false;

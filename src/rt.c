@@ -49,11 +49,17 @@ static void prefill(weft_rt *rt, struct weft__shard *sh) {
   void *s = weft__pool_alloc(&rt->strand_pool, &sh->strand_cache);
   if (s)
     weft__pool_free(&rt->strand_pool, &sh->strand_cache, s);
+  void *t = weft__pool_alloc(&rt->timer_pool, &sh->timer_cache);
+  if (t)
+    weft__pool_free(&rt->timer_pool, &sh->timer_cache, t);
 }
 
 static void rt_free(weft_rt *rt) {
+  for (unsigned i = 0; i < rt->nshards; i++)
+    pthread_mutex_destroy(&rt->shards[i].tlock);
   weft__pool_destroy(&rt->node_pool);
   weft__pool_destroy(&rt->strand_pool);
+  weft__pool_destroy(&rt->timer_pool);
   weft__inject_destroy(&rt->inject);
   weft__idle_destroy(&rt->idle);
   pthread_mutex_destroy(&rt->life_lock);
@@ -64,11 +70,14 @@ static void rt_free(weft_rt *rt) {
 }
 
 static int validate(const weft_config *cfg, unsigned *workers,
-                    unsigned *batch) {
+                    unsigned *batch, unsigned *slack) {
   *workers = 0;
   *batch = DEFAULT_BATCH;
+  *slack = 1;
   if (!cfg)
     return 0;
+  if (cfg->timer_slack_ns)
+    *slack = cfg->timer_slack_ns;
   if (cfg->flags || cfg->workers > WEFT_MAX_WORKERS ||
       cfg->batch > WEFT_MAX_BATCH)
     return -EINVAL;
@@ -116,11 +125,11 @@ static int start_threads(weft_rt *rt) {
 }
 
 int weft_rt_create(weft_rt **out, const weft_config *cfg) {
-  unsigned workers, batch;
+  unsigned workers, batch, slack;
   if (!out)
     return -EINVAL;
   *out = NULL;
-  int r = validate(cfg, &workers, &batch);
+  int r = validate(cfg, &workers, &batch, &slack);
   if (r)
     return r;
   if (!workers)
@@ -133,10 +142,12 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     return -ENOMEM;
   rt->nshards = workers;
   rt->batch = batch;
+  rt->timer_slack_ns = slack;
   rt->shards = zalloc_aligned(workers * sizeof(*rt->shards));
   rt->threads = zalloc_aligned(workers * sizeof(*rt->threads));
   weft__pool_init(&rt->node_pool, sizeof(struct weft__node));
   weft__pool_init(&rt->strand_pool, WEFT_CACHELINE);
+  weft__pool_init(&rt->timer_pool, sizeof(struct weft_timer));
   weft__inject_init(&rt->inject);
   pthread_mutex_init(&rt->life_lock, NULL);
   pthread_cond_init(&rt->life_cond, NULL);
@@ -148,10 +159,15 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     free(rt);
     return -ENOMEM;
   }
+  /* The first clock read maps the vDSO data page: pay it here. */
+  uint64_t now = weft__now_ns();
   for (unsigned i = 0; i < workers; i++) {
     struct weft__shard *sh = &rt->shards[i];
     struct weft__thread *t = &rt->threads[i];
     weft__runq_init(&sh->rq);
+    pthread_mutex_init(&sh->tlock, NULL);
+    weft__wheel_init(&sh->wheel, now);
+    weft__store(&sh->timer_next, UINT64_MAX, WA_RLX);
     sh->rt = rt;
     sh->idx = i;
     sh->rng = 0x9e3779b9u * (i + 1);
@@ -213,10 +229,14 @@ int weft_rt_shutdown(weft_rt *rt, int how) {
   pthread_mutex_unlock(&rt->life_lock);
   if (again)
     return -EALREADY;
+  /* Counted as a post in flight while it queues the armed timers'
+   * cancellations, so the runtime cannot finish before they are queued. */
+  weft__fetch_add(&rt->foreign_inflight, 1, WA_SC);
   if (how & WEFT_SHUTDOWN_CANCEL)
     weft__store(&rt->cancelling, 1, WA_SC);
   weft__store(&rt->closing, 1, WA_SC);
-  weft__poke(rt); /* an idle runtime has nobody awake to notice */
+  weft__timers_flush(rt);
+  weft__foreign_exit(rt); /* pokes: an idle runtime has nobody awake */
   if (!nowait)
     wait_done(rt);
   return 0;
@@ -243,6 +263,7 @@ static void add_shard(weft_shard_stats *o, struct weft__shard *sh) {
   o->parks += weft__load(&sh->st_parks, WA_RLX);
   o->wakeups += weft__load(&sh->st_wakeups, WA_RLX);
   o->injected += weft__load(&sh->st_injected, WA_RLX);
+  o->timers_fired += weft__load(&sh->st_timers_fired, WA_RLX);
 }
 
 int weft_rt_stats(weft_rt *rt, weft_stats *out) {

@@ -14,6 +14,7 @@
 #include "internal.h"
 
 #include <stdlib.h>
+#include <sys/prctl.h>
 
 static _Thread_local struct weft__thread *tls_self;
 static _Thread_local weft_strand *tls_strand;
@@ -76,7 +77,27 @@ static uint32_t xorshift(uint32_t *s) {
   return *s = x;
 }
 
+/* Serves the expired timers of any shard whose owner has not: a searching
+ * thread has time, the owner may be busy or stuck in a handler. */
+static void serve_timers(weft_rt *rt, struct weft__shard *sh) {
+  uint64_t now = 0;
+  for (unsigned i = 0; i < rt->nshards; i++) {
+    struct weft__shard *v = &rt->shards[i];
+    uint64_t next = weft__load(&v->timer_next, WA_ACQ);
+    if (next == UINT64_MAX)
+      continue;
+    if (!now)
+      now = weft__now_ns();
+    if (next <= now)
+      weft__timers_fire_due(v, sh, now);
+  }
+}
+
 static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
+  serve_timers(rt, sh);
+  weft__item own = weft__runq_pop(&sh->rq);
+  if (own)
+    return own;
   unsigned n = rt->nshards;
   unsigned start = xorshift(&sh->rng) % n;
   for (unsigned i = 0; i < n; i++) {
@@ -95,6 +116,12 @@ static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
 
 static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
   weft__item it;
+  uint64_t next = weft__load(&sh->timer_next, WA_ACQ);
+  if (next != UINT64_MAX) {
+    uint64_t now = weft__now_ns();
+    if (next <= now)
+      weft__timers_fire_due(sh, sh, now);
+  }
   if (++sh->tick % 61 == 0 && (it = take_inject(rt, sh)))
     return it;
   if ((it = weft__runq_pop(&sh->rq)))
@@ -135,6 +162,8 @@ void *weft__thread_entry(void *arg) {
   struct weft__thread *t = arg;
   weft_rt *rt = t->rt;
   tls_self = t;
+  /* Sleeps end at their deadline, not up to 50 us later (weft.h). */
+  prctl(PR_SET_TIMERSLACK, (unsigned long)rt->timer_slack_ns, 0, 0, 0);
   pthread_mutex_lock(&rt->life_lock);
   rt->started++;
   pthread_cond_broadcast(&rt->life_cond);

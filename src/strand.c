@@ -126,6 +126,20 @@ void weft_strand_release(weft_strand *s) {
   }
 }
 
+void weft__strand_push(weft_strand *s, struct weft__shard *local,
+                       struct weft__node *n) {
+  weft__store(&n->link.next, 0, WA_RLX);
+  uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
+  if (prev == 0) {
+    s->head = n;
+    s->ran = NULL;
+    weft__schedule(s->rt, local, (weft__item)s);
+  } else {
+    struct weft__node *p = (struct weft__node *)(prev & ~RELEASED_BIT);
+    weft__store(&p->link.next, (uintptr_t)n, WA_REL);
+  }
+}
+
 int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   if (!s || !fn)
     return -EINVAL;
@@ -150,16 +164,7 @@ int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   n->fn = fn;
   n->cancel = cancel;
   n->arg = arg;
-  weft__store(&n->link.next, 0, WA_RLX);
-  uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
-  if (prev == 0) {
-    s->head = n;
-    s->ran = NULL;
-    weft__schedule(rt, sh, (weft__item)s);
-  } else {
-    struct weft__node *p = (struct weft__node *)(prev & ~RELEASED_BIT);
-    weft__store(&p->link.next, (uintptr_t)n, WA_REL);
-  }
+  weft__strand_push(s, sh, n);
   if (!sh)
     weft__foreign_exit(rt);
   return 0;
