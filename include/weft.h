@@ -60,6 +60,22 @@ typedef void (*weft_fn)(void *arg);
 /* Largest accepted strand batch. */
 #define WEFT_MAX_BATCH 65536
 
+/* A stall: a handler that has run longer than the stall threshold. */
+typedef struct weft_stall {
+  unsigned shard;      /* the shard whose thread is inside the handler */
+  weft_strand *strand; /* its strand, or NULL */
+  void *handler;       /* the handler function, as a pointer */
+  uint64_t running_ns; /* how long it had run when noticed */
+  int handed_off;      /* 1: the shard was handed to another thread */
+} weft_stall;
+
+/* Called on the runtime's monitor thread once per stall; it must return
+ * quickly and must not call weft functions that wait. */
+typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
+
+/* weft_config.flags */
+#define WEFT_CONFIG_NO_MONITOR 1u /* no monitor: no handoff, no reports */
+
 typedef struct weft_config {
   /* Number of shards, each started with its own thread. 0: the number of
    * CPUs this process may run on (sched_getaffinity). 1..WEFT_MAX_WORKERS. */
@@ -72,18 +88,33 @@ typedef struct weft_config {
    * 50 us would make every timer up to 50 us late). Larger values save
    * wakeups at the cost of lateness. */
   unsigned timer_slack_ns;
-  /* Reserved for future options; must be zero. */
+  /* WEFT_CONFIG_* bits; others must be zero. */
   unsigned flags;
+  /* A handler running longer than this is a stall: its shard (run queue,
+   * timers) is handed to a spare thread and the stall is reported.
+   * 0: 1 ms (1000000). At least 50000 (50 us). */
+  uint64_t stall_threshold_ns;
+  /* Most threads the runtime may run for its shards, spares included.
+   * 0: 2 * workers + 4. At least workers. */
+  unsigned max_threads;
+  /* weft_blocking: most pool threads (0: 64) and most jobs waiting for a
+   * thread (0: 1024). */
+  unsigned blocking_threads;
+  unsigned blocking_queue;
+  /* Stall reports: NULL prints one line on stderr, at most once a second. */
+  weft_stall_fn on_stall;
+  void *on_stall_ctx;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
 WEFT_API void weft_config_init(weft_config *cfg);
 
-/* Creates a runtime and starts its threads. cfg may be NULL for defaults.
+/* Creates a runtime and starts its threads and its monitor. cfg may be NULL
+ * for defaults.
  * Every one-time cost (threads, queues, pools) is paid here: the first post
  * costs what the millionth does.
- * Errors: -EINVAL (rt NULL, workers or batch out of range, flags not zero),
- * -ENOMEM, -EAGAIN (a thread could not be started). Any thread. */
+ * Errors: -EINVAL (rt NULL, a field out of range, unknown flags), -ENOMEM,
+ * -EAGAIN (a thread could not be started). Any thread. */
 WEFT_API int weft_rt_create(weft_rt **rt, const weft_config *cfg);
 
 /* Shutdown modes. DRAIN: run every handler already accepted. CANCEL: run
@@ -104,6 +135,11 @@ WEFT_API int weft_rt_create(weft_rt **rt, const weft_config *cfg);
  * from a handler of this runtime without WEFT_SHUTDOWN_NOWAIT: it would wait
  * for itself). Any thread. */
 WEFT_API int weft_rt_shutdown(weft_rt *rt, int how);
+
+/* Waits at most timeout_ns for a started shutdown to finish. 0 when it has
+ * finished, -ETIMEDOUT if not yet, -EINVAL (rt NULL or no shutdown started),
+ * -EDEADLK (called from a handler of this runtime). Any thread. */
+WEFT_API int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns);
 
 /* Joins every thread and frees the runtime and all its strands, released or
  * not. If no shutdown was started, it first does WEFT_SHUTDOWN_CANCEL; if a
@@ -221,6 +257,32 @@ WEFT_API int weft_timer_cancel(weft_timer *t);
  * thread, its own handler included. */
 WEFT_API void weft_timer_destroy(weft_timer *t);
 
+/* ---- the blocking pool -----------------------------------------------------
+ * For calls that block (file I/O, a database client, DNS): work(arg) runs on
+ * a pool thread, separate from the shards' threads, so a saturated pool
+ * slows no strand; then done(arg, result) runs on done_strand (or on any
+ * worker if it is NULL). Pool threads start on demand up to
+ * weft_config.blocking_threads and exit after 10 s idle. */
+typedef long (*weft_work_fn)(void *arg);
+typedef void (*weft_done_fn)(void *arg, long result);
+
+/* Names a job until its done has been called (ids are never reused). */
+typedef uint64_t weft_job;
+
+/* Queues a job. *job (if job is not NULL) receives its id. done is called
+ * exactly once: with work's result, or with -ECANCELED if the job was
+ * cancelled before it started (weft_blocking_cancel, or a CANCEL shutdown).
+ * Errors: -EINVAL (rt, work or done NULL), -EXDEV (done_strand of another
+ * runtime), -EAGAIN (blocking_queue jobs already wait), -ESHUTDOWN, -ENOMEM.
+ * Any thread. */
+WEFT_API int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
+                           weft_strand *done_strand, weft_done_fn done,
+                           weft_job *job);
+
+/* Cancels a job that has not started: 0, and its done gets -ECANCELED;
+ * -EALREADY if it has started, finished or is unknown. Any thread. */
+WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
+
 typedef struct weft_shard_stats {
   uint64_t handlers_run;       /* handlers run */
   uint64_t handlers_cancelled; /* handlers not run at CANCEL shutdown: their
@@ -231,12 +293,21 @@ typedef struct weft_shard_stats {
   uint64_t wakeups;            /* times a sleeping thread was woken for it */
   uint64_t injected;           /* items taken from the runtime inject queue */
   uint64_t timers_fired;       /* timer expirations (handlers queued) */
+  uint64_t stalls;             /* handlers noticed running past the stall
+                                  threshold on this shard */
+  uint64_t handoffs;           /* times this shard moved to another thread */
 } weft_shard_stats;
 
 typedef struct weft_stats {
   unsigned shards;        /* number of shards */
   weft_shard_stats total; /* sum over the shards */
   uint64_t strands_live;  /* strands created and not yet reclaimed */
+  unsigned threads;       /* threads running for shards, spares included */
+  /* Handlers that a thread finished after the monitor had handed its shard
+   * to another thread: in total.handlers_run (and total.handlers_cancelled
+   * for those cancelled), but in no shard's counters. */
+  uint64_t handlers_run_after_handoff;
+  uint64_t blocking_done; /* blocking jobs whose done was queued */
 } weft_stats;
 
 /* Counters of the runtime, summed over its shards. They are read without

@@ -211,10 +211,19 @@ struct weft__shard {
   struct weft__wheel wheel;
   /* counters: written by the owning thread, read by anyone */
   _Atomic uint64_t st_timers_fired;
+  _Atomic uint64_t st_stalls, st_handoffs; /* written by the monitor */
   _Atomic uint64_t st_handlers_run, st_handlers_cancelled, st_strands_run,
       st_steals, st_parks, st_wakeups, st_injected;
   _Atomic uint64_t st_strands_created, st_strands_freed;
 } WEFT_ALIGNED;
+
+/* The stall protocol (monitor.c has the argument). hstate is written only
+ * by its thread: (epoch << 2) | HS_*, a new epoch per handler. */
+#define WEFT_HS_OUT 0u  /* between handlers: the thread uses its shard */
+#define WEFT_HS_IN 1u   /* inside a handler: the shard may be taken */
+#define WEFT_HS_BUSY 2u /* inside a handler, using its shard (a post) */
+
+enum { WEFT_TH_FREE = 0, WEFT_TH_LIVE, WEFT_TH_EXITED };
 
 struct weft__thread {
   weft_rt *rt;
@@ -222,10 +231,38 @@ struct weft__thread {
   pthread_t tid;
   unsigned idx;
   bool searching;
+  bool in_handler; /* own copy of hstate's state, for the thread itself */
   /* futex word: 0 asleep or running, 1 woken by a notifier (popped from the
-   * sleepers), 2 kicked (a timer moved its shard's deadline earlier) */
+   * sleepers) or by the monitor (a shard to hold), 2 kicked (a timer moved
+   * its shard's deadline earlier) */
   _Atomic uint32_t wake;
+  _Atomic uint64_t hstate;
+  uint64_t epoch;
+  /* 0; 1: the monitor took the shard; 2: the thread saw it (monitor.c) */
+  _Atomic uint32_t taken;
+  _Atomic(void *) cur_fn;     /* handler running, for stall reports */
+  _Atomic(void *) cur_strand; /* its strand, or NULL */
+  int slot_state;             /* WEFT_TH_*, under rt->spare_lock */
 } WEFT_ALIGNED;
+
+/* Stores of hstate and loads of taken: a release store and a relaxed load
+ * with a compiler barrier between, the monitor's membarrier() supplying the
+ * store-load fence (monitor.c). ThreadSanitizer does not know membarrier,
+ * so its builds use seq_cst, which is a correct protocol on its own. */
+#if defined(__SANITIZE_THREAD__)
+#define WEFT_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define WEFT_TSAN 1
+#endif
+#endif
+#ifdef WEFT_TSAN
+#define WEFT_HS_STORE_MO WA_SC
+#define WEFT_HS_LOAD_MO WA_SC
+#else
+#define WEFT_HS_STORE_MO WA_REL
+#define WEFT_HS_LOAD_MO WA_RLX
+#endif
 
 /* idle.state packs (unparked << 32) | searching; see park.c. */
 struct weft__idle {
@@ -253,22 +290,107 @@ struct weft_rt {
   _Atomic uint32_t done;            /* all accepted work finished */
   _Atomic int64_t foreign_inflight; /* posts from outside in progress */
   _Atomic uint64_t foreign_strands_created, foreign_strands_freed;
+  _Atomic int64_t lost_inflight; /* handlers running on threads that lost
+                                    their shard to a handoff */
+  _Atomic int64_t blocking_inflight; /* blocking jobs accepted, not done */
+  _Atomic uint64_t orphan_handlers_run; /* run by threads after a handoff */
+  _Atomic uint64_t orphan_handlers_cancelled;
   pthread_mutex_t life_lock; /* guards the fields below */
   pthread_cond_t life_cond;
   unsigned started; /* threads that reached their loop */
   bool shutdown_called;
   bool joined;
+
+  /* threads beyond the shards' own: spares for handoffs (monitor.c) */
+  unsigned max_threads;
+  unsigned nthreads; /* slots in use in threads[] */
+  pthread_mutex_t spare_lock;
+  unsigned nspares;
+  struct weft__thread **spares;
+  struct weft__monitor *monitor;
+  struct weft__blocking *blocking;
+  uint64_t stall_ns;
+  weft_stall_fn on_stall;
+  void *on_stall_ctx;
 };
 
 /* The thread-local identity of runtime threads (shard.c). */
-struct weft__thread *weft__self(void);
+extern _Thread_local struct weft__thread *weft__tls_self
+    __attribute__((tls_model("initial-exec")));
+static inline struct weft__thread *weft__self(void) { return weft__tls_self; }
 void weft__set_current_strand(weft_strand *s);
 
-/* The calling thread's shard if it is a thread of rt holding one. */
-static inline struct weft__shard *weft__local_shard(weft_rt *rt) {
-  struct weft__thread *t = weft__self();
-  return (t && t->rt == rt) ? t->shard : NULL;
+/* The calling thread acknowledges that the monitor took its shard: true if
+ * it did (the thread then holds no shard). */
+static inline bool weft__lost(struct weft__thread *t) {
+  uint32_t one = 1;
+  if (!weft__cas(&t->taken, &one, 2, WA_AR, WA_ACQ))
+    return false;
+  t->shard = NULL;
+  return true;
 }
+
+/* The calling thread's shard if it is a thread of rt holding one, for use
+ * until weft__local_end. Inside a handler this brackets the use so that the
+ * monitor cannot hand the shard to another thread meanwhile; if it already
+ * has, the thread is now outside any shard and this returns NULL. */
+static inline struct weft__shard *weft__local_begin(weft_rt *rt) {
+  struct weft__thread *t = weft__self();
+  if (!t || t->rt != rt || !t->shard)
+    return NULL;
+  if (t->in_handler) {
+    weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_BUSY, WEFT_HS_STORE_MO);
+    atomic_signal_fence(memory_order_seq_cst);
+    if (weft__load(&t->taken, WEFT_HS_LOAD_MO) && weft__lost(t)) {
+      weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_IN, WEFT_HS_STORE_MO);
+      return NULL;
+    }
+  }
+  return t->shard;
+}
+
+static inline void weft__local_end(struct weft__shard *sh) {
+  struct weft__thread *t = weft__self();
+  if (sh && t->in_handler)
+    weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_IN, WEFT_HS_STORE_MO);
+}
+
+/* Around every handler a runtime thread runs (shard.c, strand.c). */
+static inline void weft__handler_enter(struct weft__thread *t, void *fn,
+                                       weft_strand *s) {
+  t->epoch++;
+  weft__store(&t->cur_fn, fn, WA_RLX);
+  weft__store(&t->cur_strand, (void *)s, WA_RLX);
+  t->in_handler = true;
+  weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_IN, WEFT_HS_STORE_MO);
+}
+
+/* Returns the thread's shard, or NULL if the monitor took it meanwhile. */
+static inline struct weft__shard *weft__handler_leave(struct weft__thread *t) {
+  t->in_handler = false;
+  weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_OUT, WEFT_HS_STORE_MO);
+  atomic_signal_fence(memory_order_seq_cst);
+  if (weft__load(&t->taken, WEFT_HS_LOAD_MO))
+    weft__lost(t);
+  return t->shard;
+}
+
+/* Monitor and spares (monitor.c). */
+int weft__monitor_start(weft_rt *rt);
+int weft__spare_prestart(weft_rt *rt);
+void weft__monitor_stop(weft_rt *rt);
+void weft__monitor_nudge(weft_rt *rt); /* a thread unparked */
+/* A thread without a shard: wait as a spare; false when it must exit. */
+bool weft__spare_wait(struct weft__thread *t);
+void weft__spares_wake_all(weft_rt *rt);
+/* A thread that lost its shard finished the handler it was stuck in. */
+void weft__lost_done(weft_rt *rt);
+
+/* Blocking pool (blocking.c). */
+int weft__blocking_init(weft_rt *rt, const weft_config *cfg);
+void weft__blocking_shutdown(weft_rt *rt);
+void weft__blocking_destroy(weft_rt *rt);
+void weft__blocking_stats(weft_rt *rt, weft_stats *out);
 
 /* Scheduling (shard.c). */
 void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it);

@@ -22,11 +22,13 @@
  * Running threads need no wakeup: they look at their queues before parking.
  *
  * Shutdown completes when closing is set, every thread is parked, the
- * inject queue is empty and no post from outside is in progress. All parked
+ * inject queue is empty, no post from outside is in progress, no thread
+ * that lost its shard is still inside its handler and no blocking job is
+ * unfinished. All parked
  * implies all run queues empty: a thread parks only with its own ring
  * empty, and only its owner pushes to a ring. The last thread to park checks
- * this; a post from outside that was in progress pokes a sleeper when it
- * ends (weft__foreign_exit), which parks again and checks again.
+ * this; a post from outside, a stuck handler or a blocking job that was in
+ * progress pokes a sleeper when it ends, which parks again and checks.
  */
 #include "internal.h"
 
@@ -108,6 +110,11 @@ static struct weft__thread *unpark_one_locked(weft_rt *rt) {
   return idle->sleepers[--idle->nsleepers];
 }
 
+static void wake_unparked(weft_rt *rt, struct weft__thread *t) {
+  wake_thread(t);
+  weft__monitor_nudge(rt); /* a thread runs: the monitor watches again */
+}
+
 void weft__notify_parked(weft_rt *rt) {
   struct weft__idle *idle = &rt->idle;
   /* An RMW, not a load: see the no-lost-wakeup argument above. */
@@ -121,7 +128,7 @@ void weft__notify_parked(weft_rt *rt) {
     t = unpark_one_locked(rt);
   pthread_mutex_unlock(&idle->lock);
   if (t)
-    wake_thread(t);
+    wake_unparked(rt, t);
 }
 
 void weft__poke(weft_rt *rt) {
@@ -129,7 +136,7 @@ void weft__poke(weft_rt *rt) {
   struct weft__thread *t = unpark_one_locked(rt);
   pthread_mutex_unlock(&rt->idle.lock);
   if (t)
-    wake_thread(t);
+    wake_unparked(rt, t);
 }
 
 bool weft__to_searching(weft_rt *rt, struct weft__thread *t) {
@@ -166,6 +173,7 @@ void weft__wake_all_done(weft_rt *rt) {
   while (idle->nsleepers)
     wake_thread(idle->sleepers[--idle->nsleepers]);
   pthread_mutex_unlock(&idle->lock);
+  weft__spares_wake_all(rt);
   pthread_mutex_lock(&rt->life_lock);
   pthread_cond_broadcast(&rt->life_cond);
   pthread_mutex_unlock(&rt->life_lock);
@@ -174,7 +182,9 @@ void weft__wake_all_done(weft_rt *rt) {
 static bool shutdown_complete(weft_rt *rt, uint64_t state_after) {
   return weft__load(&rt->closing, WA_SC) && unparked_of(state_after) == 0 &&
          weft__load(&rt->inject.len, WA_SC) <= 0 &&
-         weft__load(&rt->foreign_inflight, WA_SC) == 0;
+         weft__load(&rt->foreign_inflight, WA_SC) == 0 &&
+         weft__load(&rt->lost_inflight, WA_SC) == 0 &&
+         weft__load(&rt->blocking_inflight, WA_SC) == 0;
 }
 
 /* Removes t from the sleepers if it is still there; lock held. */
@@ -206,6 +216,7 @@ static bool sleep_until_woken(weft_rt *rt, struct weft__thread *t) {
       pthread_mutex_unlock(&idle->lock);
       if (left) {
         weft__store(&t->wake, 0, WA_RLX);
+        weft__monitor_nudge(rt);
         return false;
       }
       /* Popped meanwhile: its notifier is about to store 1. */

@@ -14,6 +14,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define DEFAULT_BATCH 64
 
@@ -62,35 +63,69 @@ static void rt_free(weft_rt *rt) {
   weft__pool_destroy(&rt->timer_pool);
   weft__inject_destroy(&rt->inject);
   weft__idle_destroy(&rt->idle);
+  weft__blocking_destroy(rt);
   pthread_mutex_destroy(&rt->life_lock);
   pthread_cond_destroy(&rt->life_cond);
+  pthread_mutex_destroy(&rt->spare_lock);
+  free(rt->spares);
   free(rt->threads);
   free(rt->shards);
   free(rt);
 }
 
-static int validate(const weft_config *cfg, unsigned *workers,
-                    unsigned *batch, unsigned *slack) {
-  *workers = 0;
-  *batch = DEFAULT_BATCH;
-  *slack = 1;
-  if (!cfg)
-    return 0;
-  if (cfg->timer_slack_ns)
-    *slack = cfg->timer_slack_ns;
-  if (cfg->flags || cfg->workers > WEFT_MAX_WORKERS ||
-      cfg->batch > WEFT_MAX_BATCH)
+#define DEFAULT_STALL_NS 1000000u
+#define MIN_STALL_NS 50000u
+
+/* Checks cfg (NULL: defaults) and resolves its zeros. */
+static int resolve(const weft_config *in, weft_config *out) {
+  weft_config_init(out);
+  if (in)
+    *out = *in;
+  if ((out->flags & ~WEFT_CONFIG_NO_MONITOR) ||
+      out->workers > WEFT_MAX_WORKERS || out->batch > WEFT_MAX_BATCH ||
+      (out->stall_threshold_ns && out->stall_threshold_ns < MIN_STALL_NS) ||
+      (out->max_threads && out->max_threads < out->workers) ||
+      out->max_threads > 4 * WEFT_MAX_WORKERS)
     return -EINVAL;
-  *workers = cfg->workers;
-  if (cfg->batch)
-    *batch = cfg->batch;
+  if (!out->workers)
+    out->workers = cpus_allowed();
+  if (out->workers > WEFT_MAX_WORKERS)
+    out->workers = WEFT_MAX_WORKERS;
+  if (!out->batch)
+    out->batch = DEFAULT_BATCH;
+  if (!out->timer_slack_ns)
+    out->timer_slack_ns = 1;
+  if (!out->stall_threshold_ns)
+    out->stall_threshold_ns = DEFAULT_STALL_NS;
+  if (!out->max_threads)
+    out->max_threads = 2 * out->workers + 4;
+  if (out->max_threads < out->workers)
+    out->max_threads = out->workers;
   return 0;
 }
 
-/* Starts the threads with asynchronous signals blocked, so that the
+/* Joins every thread that ever started: shard threads, spares (the done
+ * wakeup made them exit) and threads that exited idle. slot_state is read
+ * under spare_lock; the joins happen outside it (exiting threads take it). */
+static void join_all(weft_rt *rt) {
+  for (unsigned i = 0;; i++) {
+    pthread_mutex_lock(&rt->spare_lock);
+    bool more = i < rt->nthreads;
+    bool started = more && rt->threads[i].slot_state != WEFT_TH_FREE;
+    pthread_t tid = more ? rt->threads[i].tid : (pthread_t)0;
+    pthread_mutex_unlock(&rt->spare_lock);
+    if (!more)
+      return;
+    if (started)
+      pthread_join(tid, NULL);
+  }
+}
+
+/* Starts the shards' threads, one spare and the monitor with asynchronous
+ * signals blocked (threads they start inherit the mask), so that the
  * application's signals go to its own threads and a SIGPIPE raised inside
  * a handler never kills the process. */
-static int start_threads(weft_rt *rt) {
+static int start_threads(weft_rt *rt, bool monitor) {
   sigset_t all, old;
   sigfillset(&all);
   const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL,
@@ -101,10 +136,18 @@ static int start_threads(weft_rt *rt) {
   int err = 0;
   unsigned i;
   for (i = 0; i < rt->nshards; i++) {
+    rt->threads[i].slot_state = WEFT_TH_LIVE;
     err = pthread_create(&rt->threads[i].tid, NULL, weft__thread_entry,
                          &rt->threads[i]);
-    if (err)
+    if (err) {
+      rt->threads[i].slot_state = WEFT_TH_FREE;
       break;
+    }
+  }
+  if (!err && monitor) {
+    err = -weft__spare_prestart(rt);
+    if (!err)
+      err = -weft__monitor_start(rt);
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (!err) {
@@ -114,54 +157,72 @@ static int start_threads(weft_rt *rt) {
     pthread_mutex_unlock(&rt->life_lock);
     return 0;
   }
-  /* Stop the ones that started: cancel mode, nothing was accepted yet. */
+  /* Stop the ones that started: nothing was accepted yet. */
   weft__store(&rt->closing, 1, WA_SC);
   /* Threads that did not start are counted as parked for completion. */
   weft__fetch_sub(&rt->idle.state, (uint64_t)(rt->nshards - i) << 32, WA_SC);
   weft__poke(rt);
-  for (unsigned j = 0; j < i; j++)
-    pthread_join(rt->threads[j].tid, NULL);
+  pthread_mutex_lock(&rt->life_lock);
+  while (!weft__load(&rt->done, WA_ACQ) && i > 0)
+    pthread_cond_wait(&rt->life_cond, &rt->life_lock);
+  pthread_mutex_unlock(&rt->life_lock);
+  weft__monitor_stop(rt);
+  join_all(rt);
   return -EAGAIN;
 }
 
-int weft_rt_create(weft_rt **out, const weft_config *cfg) {
-  unsigned workers, batch, slack;
-  if (!out)
-    return -EINVAL;
-  *out = NULL;
-  int r = validate(cfg, &workers, &batch, &slack);
-  if (r)
-    return r;
-  if (!workers)
-    workers = cpus_allowed();
-  if (workers > WEFT_MAX_WORKERS)
-    workers = WEFT_MAX_WORKERS;
-
-  weft_rt *rt = zalloc_aligned(sizeof(*rt));
-  if (!rt)
-    return -ENOMEM;
-  rt->nshards = workers;
-  rt->batch = batch;
-  rt->timer_slack_ns = slack;
-  rt->shards = zalloc_aligned(workers * sizeof(*rt->shards));
-  rt->threads = zalloc_aligned(workers * sizeof(*rt->threads));
+static int rt_init(weft_rt *rt, const weft_config *c) {
+  rt->nshards = c->workers;
+  rt->batch = c->batch;
+  rt->timer_slack_ns = c->timer_slack_ns;
+  rt->stall_ns = c->stall_threshold_ns;
+  rt->max_threads = c->max_threads;
+  rt->nthreads = c->workers;
+  rt->on_stall = c->on_stall;
+  rt->on_stall_ctx = c->on_stall_ctx;
+  rt->shards = zalloc_aligned(c->workers * sizeof(*rt->shards));
+  rt->threads = zalloc_aligned(c->max_threads * sizeof(*rt->threads));
+  rt->spares = calloc(c->max_threads, sizeof(*rt->spares));
   weft__pool_init(&rt->node_pool, sizeof(struct weft__node));
   weft__pool_init(&rt->strand_pool, WEFT_CACHELINE);
   weft__pool_init(&rt->timer_pool, sizeof(struct weft_timer));
   weft__inject_init(&rt->inject);
   pthread_mutex_init(&rt->life_lock, NULL);
-  pthread_cond_init(&rt->life_cond, NULL);
-  weft__idle_init(&rt->idle, workers);
-  if (!rt->shards || !rt->threads ||
-      weft__idle_alloc(&rt->idle, workers) != 0) {
+  pthread_condattr_t ca; /* weft_rt_wait measures CLOCK_MONOTONIC */
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&rt->life_cond, &ca);
+  pthread_condattr_destroy(&ca);
+  pthread_mutex_init(&rt->spare_lock, NULL);
+  weft__idle_init(&rt->idle, c->workers);
+  if (!rt->shards || !rt->threads || !rt->spares ||
+      weft__idle_alloc(&rt->idle, c->workers) != 0)
+    return -ENOMEM;
+  return weft__blocking_init(rt, c);
+}
+
+int weft_rt_create(weft_rt **out, const weft_config *cfg) {
+  weft_config c;
+  if (!out)
+    return -EINVAL;
+  *out = NULL;
+  int r = resolve(cfg, &c);
+  if (r)
+    return r;
+  weft_rt *rt = zalloc_aligned(sizeof(*rt));
+  if (!rt)
+    return -ENOMEM;
+  r = rt_init(rt, &c);
+  if (r) {
     free(rt->shards);
     free(rt->threads);
+    free(rt->spares);
     free(rt);
-    return -ENOMEM;
+    return r;
   }
   /* The first clock read maps the vDSO data page: pay it here. */
   uint64_t now = weft__now_ns();
-  for (unsigned i = 0; i < workers; i++) {
+  for (unsigned i = 0; i < c.workers; i++) {
     struct weft__shard *sh = &rt->shards[i];
     struct weft__thread *t = &rt->threads[i];
     weft__runq_init(&sh->rq);
@@ -177,7 +238,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     weft__store(&sh->owner, t, WA_RLX);
     prefill(rt, sh);
   }
-  r = start_threads(rt);
+  r = start_threads(rt, !(c.flags & WEFT_CONFIG_NO_MONITOR));
   if (r) {
     rt_free(rt);
     return r;
@@ -236,10 +297,35 @@ int weft_rt_shutdown(weft_rt *rt, int how) {
     weft__store(&rt->cancelling, 1, WA_SC);
   weft__store(&rt->closing, 1, WA_SC);
   weft__timers_flush(rt);
+  weft__blocking_shutdown(rt);
   weft__foreign_exit(rt); /* pokes: an idle runtime has nobody awake */
   if (!nowait)
     wait_done(rt);
   return 0;
+}
+
+int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
+  if (!rt)
+    return -EINVAL;
+  if (on_own_thread(rt))
+    return -EDEADLK;
+  pthread_mutex_lock(&rt->life_lock);
+  bool started = rt->shutdown_called;
+  pthread_mutex_unlock(&rt->life_lock);
+  if (!started)
+    return -EINVAL;
+  uint64_t deadline = weft__now_ns() + timeout_ns;
+  if (deadline < timeout_ns)
+    deadline = UINT64_MAX / 2;
+  struct timespec ts = {.tv_sec = (time_t)(deadline / 1000000000u),
+                        .tv_nsec = (long)(deadline % 1000000000u)};
+  int r = 0;
+  pthread_mutex_lock(&rt->life_lock);
+  while (!weft__load(&rt->done, WA_ACQ) && r != ETIMEDOUT)
+    r = pthread_cond_timedwait(&rt->life_cond, &rt->life_lock, &ts);
+  bool done = weft__load(&rt->done, WA_ACQ);
+  pthread_mutex_unlock(&rt->life_lock);
+  return done ? 0 : -ETIMEDOUT;
 }
 
 int weft_rt_destroy(weft_rt *rt) {
@@ -249,8 +335,9 @@ int weft_rt_destroy(weft_rt *rt) {
     return -EDEADLK;
   weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
   wait_done(rt);
-  for (unsigned i = 0; i < rt->nshards; i++)
-    pthread_join(rt->threads[i].tid, NULL);
+  weft__monitor_stop(rt);
+  weft__blocking_shutdown(rt);
+  join_all(rt);
   rt_free(rt);
   return 0;
 }
@@ -264,6 +351,8 @@ static void add_shard(weft_shard_stats *o, struct weft__shard *sh) {
   o->wakeups += weft__load(&sh->st_wakeups, WA_RLX);
   o->injected += weft__load(&sh->st_injected, WA_RLX);
   o->timers_fired += weft__load(&sh->st_timers_fired, WA_RLX);
+  o->stalls += weft__load(&sh->st_stalls, WA_RLX);
+  o->handoffs += weft__load(&sh->st_handoffs, WA_RLX);
 }
 
 int weft_rt_stats(weft_rt *rt, weft_stats *out) {
@@ -280,6 +369,16 @@ int weft_rt_stats(weft_rt *rt, weft_stats *out) {
     freed += weft__load(&sh->st_strands_freed, WA_RLX);
   }
   out->strands_live = created >= freed ? created - freed : 0;
+  out->handlers_run_after_handoff =
+      weft__load(&rt->orphan_handlers_run, WA_RLX);
+  out->total.handlers_run += out->handlers_run_after_handoff;
+  out->total.handlers_cancelled +=
+      weft__load(&rt->orphan_handlers_cancelled, WA_RLX);
+  pthread_mutex_lock(&rt->spare_lock);
+  for (unsigned i = 0; i < rt->nthreads; i++)
+    out->threads += rt->threads[i].slot_state == WEFT_TH_LIVE;
+  pthread_mutex_unlock(&rt->spare_lock);
+  weft__blocking_stats(rt, out);
   return 0;
 }
 

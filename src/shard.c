@@ -4,8 +4,9 @@
  * thread-local identity of runtime threads.
  *
  * A thread holds at most one shard (thread->shard) and a shard records its
- * holder (shard->owner). Today each thread keeps the shard it started with;
- * nothing else assumes so, which is what lets a stuck shard change threads.
+ * holder (shard->owner). A thread keeps its shard until the monitor hands
+ * it to a spare because the thread is stuck in a handler (monitor.c); the
+ * thread then finds its shard gone and waits as a spare itself.
  *
  * Fairness: every 61st item comes from the inject queue first, so posts
  * from outside are not starved by a shard whose handlers keep re-posting
@@ -16,12 +17,10 @@
 #include <stdlib.h>
 #include <sys/prctl.h>
 
-static _Thread_local struct weft__thread *tls_self;
+_Thread_local struct weft__thread *weft__tls_self
+    __attribute__((tls_model("initial-exec")));
 static _Thread_local weft_strand *tls_strand;
-
-struct weft__thread *weft__self(void) {
-  return tls_self;
-}
+#define tls_self weft__tls_self
 void weft__set_current_strand(weft_strand *s) { tls_strand = s; }
 
 weft_strand *weft_strand_current(void) { return tls_strand; }
@@ -140,6 +139,12 @@ void weft__thread_main_loop(struct weft__thread *t) {
   weft_rt *rt = t->rt;
   for (;;) {
     struct weft__shard *sh = t->shard;
+    if (!sh) {
+      /* Lost to a handoff, or started as a spare. */
+      if (!weft__spare_wait(t))
+        return;
+      continue;
+    }
     weft__item it = next_item(rt, sh);
     if (!it) {
       if (weft__to_searching(rt, t))

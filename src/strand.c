@@ -62,11 +62,13 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
     return -EINVAL;
   if (weft__load(&rt->closing, WA_ACQ))
     return -ESHUTDOWN;
-  struct weft__shard *sh = weft__local_shard(rt);
+  struct weft__shard *sh = weft__local_begin(rt);
   weft_strand *s =
       weft__pool_alloc(&rt->strand_pool, sh ? &sh->strand_cache : NULL);
-  if (!s)
+  if (!s) {
+    weft__local_end(sh);
     return -ENOMEM;
+  }
   weft__store(&s->qlink.next, 0, WA_RLX);
   weft__store(&s->tail, 0, WA_RLX);
   s->head = s->ran = NULL;
@@ -78,6 +80,7 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
     weft__stat_add(&sh->st_strands_created, 1);
   else
     weft__fetch_add(&rt->foreign_strands_created, 1, WA_RLX);
+  weft__local_end(sh);
   *out = s;
   return 0;
 }
@@ -85,7 +88,7 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
 /* Returns the strand's memory to the pool; nothing references it now. */
 static void strand_reclaim(weft_strand *s) {
   weft_rt *rt = s->rt;
-  struct weft__shard *sh = weft__local_shard(rt);
+  struct weft__shard *sh = weft__local_begin(rt);
   s->magic = WEFT_STRAND_DEAD;
   if (sh)
     weft__stat_add(&sh->st_strands_freed, 1);
@@ -94,6 +97,7 @@ static void strand_reclaim(weft_strand *s) {
 #ifndef WEFT_DEBUG
   weft__pool_free(&rt->strand_pool, sh ? &sh->strand_cache : NULL, s);
 #endif
+  weft__local_end(sh);
 }
 
 void weft_strand_release(weft_strand *s) {
@@ -146,10 +150,12 @@ int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   if (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC)
     return -EBADF;
   weft_rt *rt = s->rt;
-  struct weft__shard *sh = weft__local_shard(rt);
+  struct weft__shard *sh = weft__local_begin(rt);
   if (sh) {
-    if (weft__load(&rt->closing, WA_RLX))
+    if (weft__load(&rt->closing, WA_RLX)) {
+      weft__local_end(sh);
       return -ESHUTDOWN;
+    }
   } else {
     int r = weft__foreign_enter(rt);
     if (r)
@@ -159,6 +165,7 @@ int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   if (!n) {
     if (!sh)
       weft__foreign_exit(rt);
+    weft__local_end(sh);
     return -ENOMEM;
   }
   n->fn = fn;
@@ -167,6 +174,7 @@ int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   weft__strand_push(s, sh, n);
   if (!sh)
     weft__foreign_exit(rt);
+  weft__local_end(sh);
   return 0;
 }
 
@@ -177,10 +185,12 @@ int weft_post(weft_strand *s, weft_fn fn, void *arg) {
 int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg) {
   if (!rt || !fn)
     return -EINVAL;
-  struct weft__shard *sh = weft__local_shard(rt);
+  struct weft__shard *sh = weft__local_begin(rt);
   if (sh) {
-    if (weft__load(&rt->closing, WA_RLX))
+    if (weft__load(&rt->closing, WA_RLX)) {
+      weft__local_end(sh);
       return -ESHUTDOWN;
+    }
   } else {
     int r = weft__foreign_enter(rt);
     if (r)
@@ -190,6 +200,7 @@ int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg) {
   if (!n) {
     if (!sh)
       weft__foreign_exit(rt);
+    weft__local_end(sh);
     return -ENOMEM;
   }
   n->fn = fn;
@@ -198,6 +209,7 @@ int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg) {
   weft__schedule(rt, sh, (weft__item)n | WEFT_ITEM_NODE);
   if (!sh)
     weft__foreign_exit(rt);
+  weft__local_end(sh);
   return 0;
 }
 
@@ -216,13 +228,29 @@ static inline int invoke(weft_rt *rt, struct weft__node *n) {
   return 1;
 }
 
+/* Counts what a drain ran, on the shard, or on the runtime if the thread
+ * lost its shard meanwhile (it then also reports its stuck handler done). */
+static void count(weft_rt *rt, struct weft__shard *sh, uint64_t ran,
+                  uint64_t cancelled) {
+  if (sh) {
+    weft__stat_add(&sh->st_handlers_run, ran);
+    if (cancelled)
+      weft__stat_add(&sh->st_handlers_cancelled, cancelled);
+    return;
+  }
+  weft__fetch_add(&rt->orphan_handlers_run, ran, WA_RLX);
+  weft__fetch_add(&rt->orphan_handlers_cancelled, cancelled, WA_RLX);
+  weft__lost_done(rt);
+}
+
 void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   weft_rt *rt = sh->rt;
-  if (invoke(rt, n))
-    weft__stat_add(&sh->st_handlers_run, 1);
-  else
-    weft__stat_add(&sh->st_handlers_cancelled, 1);
-  weft__pool_free(&rt->node_pool, &sh->node_cache, n);
+  struct weft__thread *self = weft__self();
+  weft__handler_enter(self, (void *)n->fn, NULL);
+  int ran = invoke(rt, n);
+  sh = weft__handler_leave(self);
+  weft__pool_free(&rt->node_pool, node_cache(sh), n);
+  count(rt, sh, ran, !ran);
 }
 
 /* Waits a few spins for n's successor to be linked. */
@@ -238,7 +266,7 @@ static struct weft__node *wait_link(struct weft__node *n) {
 
 void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   weft_rt *rt = sh->rt;
-  struct weft__pool_cache *nc = &sh->node_cache;
+  struct weft__thread *self = weft__self();
   uint64_t ran = 0, cancelled = 0;
   unsigned budget = rt->batch;
   struct weft__node *n = s->head;
@@ -250,15 +278,20 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       weft__schedule(rt, sh, (weft__item)s);
       return;
     }
-    weft__pool_free(&rt->node_pool, nc, s->ran);
+    weft__pool_free(&rt->node_pool, &sh->node_cache, s->ran);
     s->ran = NULL;
   }
   weft__set_current_strand(s);
   for (;;) {
+    weft__handler_enter(self, (void *)n->fn, s);
     if (invoke(rt, n))
       ran++;
     else
       cancelled++;
+    /* NULL: the monitor handed our shard to another thread while this
+     * handler ran; from here on this thread is outside the runtime. */
+    sh = weft__handler_leave(self);
+    struct weft__pool_cache *nc = node_cache(sh);
     struct weft__node *next = node_next(n);
     if (!next) {
       uintptr_t expect = (uintptr_t)n;
@@ -284,15 +317,16 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     }
     weft__pool_free(&rt->node_pool, nc, n);
     n = next;
-    if (--budget == 0) {
+    if (!sh || --budget == 0) {
+      /* Budget spent (requeue at the back), or shard lost (the strand
+       * goes to the inject queue for a thread that holds one). */
       s->head = n;
       weft__schedule(rt, sh, (weft__item)s);
       break;
     }
   }
   weft__set_current_strand(NULL);
-  weft__stat_add(&sh->st_handlers_run, ran);
-  if (cancelled)
-    weft__stat_add(&sh->st_handlers_cancelled, cancelled);
-  weft__stat_add(&sh->st_strands_run, 1);
+  count(rt, sh, ran, cancelled);
+  if (sh)
+    weft__stat_add(&sh->st_strands_run, 1);
 }

@@ -209,7 +209,8 @@ void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
 /* Wakes the home shard's thread if its deadline moved earlier. */
 static void maybe_kick(struct weft__shard *home, uint64_t before) {
   uint64_t now = weft__load(&home->timer_next, WA_RLX);
-  if (now < before && weft__local_shard(home->rt) != home)
+  struct weft__thread *self = weft__self();
+  if (now < before && !(self && self->shard == home))
     weft__kick(home);
 }
 
@@ -218,9 +219,10 @@ int weft_timer_create(weft_rt *rt, weft_timer **out) {
     return -EINVAL;
   if (weft__load(&rt->closing, WA_ACQ))
     return -ESHUTDOWN;
-  struct weft__shard *sh = weft__local_shard(rt);
-  weft_timer *t = weft__pool_alloc(&rt->timer_pool, sh ? &sh->timer_cache
-                                                         : NULL);
+  struct weft__shard *sh = weft__local_begin(rt);
+  weft_timer *t =
+      weft__pool_alloc(&rt->timer_pool, sh ? &sh->timer_cache : NULL);
+  weft__local_end(sh);
   if (!t)
     return -ENOMEM;
   t->link.next = t->link.prev = NULL;
@@ -240,8 +242,9 @@ int weft_timer_create(weft_rt *rt, weft_timer **out) {
 
 static void timer_free(weft_timer *t) {
   weft_rt *rt = t->rt;
-  struct weft__shard *sh = weft__local_shard(rt);
+  struct weft__shard *sh = weft__local_begin(rt);
   weft__pool_free(&rt->timer_pool, sh ? &sh->timer_cache : NULL, t);
+  weft__local_end(sh);
 }
 
 int weft_timer_start_at(weft_timer *t, weft_strand *s, uint64_t deadline_ns,
@@ -288,9 +291,11 @@ int weft_timer_start_at(weft_timer *t, weft_strand *s, uint64_t deadline_ns,
   }
   publish_next(home);
   pthread_mutex_unlock(&home->tlock);
-  if (fire_now)
-    queue_firing(t, weft__local_shard(t->rt), false);
-  else
+  if (fire_now) {
+    struct weft__shard *local = weft__local_begin(t->rt);
+    queue_firing(t, local, false);
+    weft__local_end(local);
+  } else
     maybe_kick(home, before);
   return 0;
 }
@@ -404,7 +409,7 @@ static void tramp_cancel(void *arg) {
 }
 
 void weft__timers_flush(weft_rt *rt) {
-  struct weft__shard *local = weft__local_shard(rt);
+  struct weft__shard *local = weft__local_begin(rt);
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
     for (;;) {
@@ -430,4 +435,5 @@ void weft__timers_flush(weft_rt *rt) {
         break;
     }
   }
+  weft__local_end(local);
 }

@@ -1,0 +1,329 @@
+/*
+ * blocking.c - the blocking pool: elastic threads for calls that block,
+ * separate from the shards' threads. Owns the job table and pool threads.
+ *
+ * A job is a slot in a fixed table (allocated in weft_rt_create, so the
+ * queue bound is also the memory bound). Its id is (generation << 20) |
+ * slot and generations are never reused, so weft_blocking_cancel on a
+ * finished job's id is answered -EALREADY, never misapplied. Everything
+ * here is under one mutex: a job costs a thread handoff anyway, and no
+ * shard thread ever waits for this lock while a job runs (work() is called
+ * without it).
+ *
+ * done is delivered as an ordinary handler (on done_strand, or on any
+ * worker), queued before the job stops counting in rt->blocking_inflight,
+ * so a shutdown cannot finish between the two.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <time.h>
+
+#define SLOT_BITS 20
+#define POOL_IDLE_NS (10ull * 1000000000u)
+#define DEFAULT_THREADS 64
+#define DEFAULT_QUEUE 1024
+
+enum { J_FREE, J_QUEUED, J_RUNNING, J_DONE };
+
+struct job {
+  weft_job id;
+  weft_work_fn work;
+  void *arg;
+  weft_strand *strand;
+  weft_done_fn done;
+  long result;
+  int state;
+  weft_rt *rt;
+  struct job *prev, *next; /* queue, or free list (next only) */
+};
+
+struct pool_thread {
+  pthread_t tid;
+  int state; /* WEFT_TH_* */
+};
+
+struct weft__blocking {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  struct job *jobs, *free, *head, *tail;
+  unsigned nslots, queued, queue_max;
+  struct pool_thread *threads;
+  unsigned max_threads, live, idle;
+  uint64_t gen;
+  bool stopping;
+  uint64_t done_count;
+};
+
+int weft__blocking_init(weft_rt *rt, const weft_config *c) {
+  struct weft__blocking *b = calloc(1, sizeof(*b));
+  if (!b)
+    return -ENOMEM;
+  b->max_threads = c->blocking_threads ? c->blocking_threads : DEFAULT_THREADS;
+  b->queue_max = c->blocking_queue ? c->blocking_queue : DEFAULT_QUEUE;
+  if (b->queue_max + b->max_threads >= (1u << SLOT_BITS)) {
+    free(b);
+    return -EINVAL;
+  }
+  b->nslots = b->queue_max + b->max_threads;
+  b->jobs = calloc(b->nslots, sizeof(*b->jobs));
+  b->threads = calloc(b->max_threads, sizeof(*b->threads));
+  if (!b->jobs || !b->threads) {
+    free(b->jobs);
+    free(b->threads);
+    free(b);
+    return -ENOMEM;
+  }
+  for (unsigned i = b->nslots; i-- > 0;) {
+    b->jobs[i].next = b->free;
+    b->free = &b->jobs[i];
+  }
+  pthread_mutex_init(&b->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&b->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  rt->blocking = b;
+  return 0;
+}
+
+static void done_handler(void *arg) {
+  struct job *j = arg;
+  struct weft__blocking *b = j->rt->blocking;
+  j->done(j->arg, j->result);
+  pthread_mutex_lock(&b->lock);
+  j->id = 0;
+  j->state = J_FREE;
+  j->next = b->free;
+  b->free = j;
+  b->done_count++;
+  pthread_mutex_unlock(&b->lock);
+}
+
+/* Queues j's done (j is J_DONE with its result), then lets the runtime
+ * stop counting the job. Called without the lock. */
+static void deliver(weft_rt *rt, struct job *j) {
+  struct weft__shard *local = weft__local_begin(rt);
+  struct weft__node *n;
+  while (!(n = weft__pool_alloc(&rt->node_pool,
+                                local ? &local->node_cache : NULL))) {
+    struct timespec ts = {0, 1000000}; /* out of memory: retry, not lose */
+    nanosleep(&ts, NULL);
+  }
+  n->fn = done_handler;
+  n->cancel = done_handler; /* a finished job reports its result anyway */
+  n->arg = j;
+  if (j->strand)
+    weft__strand_push(j->strand, local, n);
+  else
+    weft__schedule(rt, local, (weft__item)n | WEFT_ITEM_NODE);
+  weft__local_end(local);
+  weft__fetch_sub(&rt->blocking_inflight, 1, WA_SC);
+  if (weft__load(&rt->closing, WA_SC))
+    weft__poke(rt); /* the last parker may have counted this job */
+}
+
+static void unlink_job(struct weft__blocking *b, struct job *j) {
+  if (j->prev)
+    j->prev->next = j->next;
+  else
+    b->head = j->next;
+  if (j->next)
+    j->next->prev = j->prev;
+  else
+    b->tail = j->prev;
+  b->queued--;
+}
+
+struct pool_arg {
+  weft_rt *rt;
+  struct pool_thread *self;
+};
+
+static void *pool_loop(void *p) {
+  struct pool_arg a = *(struct pool_arg *)p;
+  free(p);
+  struct weft__blocking *b = a.rt->blocking;
+  pthread_mutex_lock(&b->lock);
+  for (;;) {
+    if (!b->head) {
+      if (b->stopping)
+        break;
+      uint64_t dl = weft__now_ns() + POOL_IDLE_NS;
+      struct timespec ts = {.tv_sec = (time_t)(dl / 1000000000u),
+                            .tv_nsec = (long)(dl % 1000000000u)};
+      b->idle++;
+      int r = pthread_cond_timedwait(&b->cond, &b->lock, &ts);
+      b->idle--;
+      if (r == ETIMEDOUT && !b->head)
+        break; /* idle for long: exit */
+      continue;
+    }
+    struct job *j = b->head;
+    unlink_job(b, j);
+    j->state = J_RUNNING;
+    pthread_mutex_unlock(&b->lock);
+    long result = j->work(j->arg);
+    pthread_mutex_lock(&b->lock);
+    j->result = result;
+    j->state = J_DONE;
+    pthread_mutex_unlock(&b->lock);
+    deliver(a.rt, j);
+    pthread_mutex_lock(&b->lock);
+  }
+  b->live--;
+  a.self->state = WEFT_TH_EXITED;
+  pthread_mutex_unlock(&b->lock);
+  return NULL;
+}
+
+/* Starts a pool thread if none is idle and the limit allows; lock held. */
+static void maybe_spawn(weft_rt *rt, struct weft__blocking *b) {
+  if (b->idle >= b->queued || b->live >= b->max_threads)
+    return;
+  struct pool_thread *slot = NULL;
+  for (unsigned i = 0; i < b->max_threads && !slot; i++)
+    if (b->threads[i].state != WEFT_TH_LIVE)
+      slot = &b->threads[i];
+  struct pool_arg *a = malloc(sizeof(*a));
+  if (!slot || !a) {
+    free(a);
+    return; /* a running thread will take the job */
+  }
+  if (slot->state == WEFT_TH_EXITED)
+    pthread_join(slot->tid, NULL);
+  a->rt = rt;
+  a->self = slot;
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int err = pthread_create(&slot->tid, NULL, pool_loop, a);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (err) {
+    slot->state = WEFT_TH_FREE;
+    free(a);
+    return;
+  }
+  slot->state = WEFT_TH_LIVE;
+  b->live++;
+}
+
+int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
+                  weft_strand *done_strand, weft_done_fn done,
+                  weft_job *job) {
+  if (!rt || !work || !done)
+    return -EINVAL;
+  if (done_strand && done_strand->rt != rt)
+    return -EXDEV;
+  struct weft__blocking *b = rt->blocking;
+  /* Counted as a post in flight while the job is accepted, so a shutdown
+   * either refuses it or counts it (see weft__foreign_enter). */
+  int r = weft__foreign_enter(rt);
+  if (r)
+    return r;
+  pthread_mutex_lock(&b->lock);
+  if (b->queued >= b->queue_max || !b->free) {
+    pthread_mutex_unlock(&b->lock);
+    weft__foreign_exit(rt);
+    return -EAGAIN;
+  }
+  struct job *j = b->free;
+  b->free = j->next;
+  j->id = (++b->gen << SLOT_BITS) | (weft_job)(j - b->jobs);
+  j->work = work;
+  j->arg = arg;
+  j->strand = done_strand;
+  j->done = done;
+  j->rt = rt;
+  j->state = J_QUEUED;
+  j->next = NULL;
+  j->prev = b->tail;
+  if (b->tail)
+    b->tail->next = j;
+  else
+    b->head = j;
+  b->tail = j;
+  b->queued++;
+  weft__fetch_add(&rt->blocking_inflight, 1, WA_SC);
+  if (job)
+    *job = j->id;
+  if (b->idle)
+    pthread_cond_signal(&b->cond);
+  maybe_spawn(rt, b);
+  pthread_mutex_unlock(&b->lock);
+  weft__foreign_exit(rt);
+  return 0;
+}
+
+int weft_blocking_cancel(weft_rt *rt, weft_job id) {
+  if (!rt)
+    return -EINVAL;
+  struct weft__blocking *b = rt->blocking;
+  weft_job slot = id & ((1u << SLOT_BITS) - 1);
+  pthread_mutex_lock(&b->lock);
+  struct job *j = slot < b->nslots ? &b->jobs[slot] : NULL;
+  if (!j || j->id != id || j->state != J_QUEUED) {
+    pthread_mutex_unlock(&b->lock);
+    return -EALREADY;
+  }
+  unlink_job(b, j);
+  j->state = J_DONE;
+  j->result = -ECANCELED;
+  pthread_mutex_unlock(&b->lock);
+  deliver(rt, j);
+  return 0;
+}
+
+void weft__blocking_shutdown(weft_rt *rt) {
+  struct weft__blocking *b = rt->blocking;
+  bool cancel = weft__load(&rt->cancelling, WA_ACQ);
+  for (;;) {
+    pthread_mutex_lock(&b->lock);
+    b->stopping = true;
+    pthread_cond_broadcast(&b->cond);
+    struct job *j = cancel ? b->head : NULL;
+    if (j) {
+      unlink_job(b, j);
+      j->state = J_DONE;
+      j->result = -ECANCELED;
+    }
+    pthread_mutex_unlock(&b->lock);
+    if (!j)
+      return;
+    deliver(rt, j);
+  }
+}
+
+void weft__blocking_stats(weft_rt *rt, weft_stats *out) {
+  struct weft__blocking *b = rt->blocking;
+  pthread_mutex_lock(&b->lock);
+  out->blocking_done = b->done_count;
+  pthread_mutex_unlock(&b->lock);
+}
+
+void weft__blocking_destroy(weft_rt *rt) {
+  struct weft__blocking *b = rt->blocking;
+  if (!b)
+    return;
+  pthread_mutex_lock(&b->lock);
+  b->stopping = true;
+  pthread_cond_broadcast(&b->cond);
+  pthread_mutex_unlock(&b->lock);
+  for (unsigned i = 0; i < b->max_threads; i++) {
+    pthread_mutex_lock(&b->lock);
+    bool started = b->threads[i].state != WEFT_TH_FREE;
+    pthread_t tid = b->threads[i].tid;
+    pthread_mutex_unlock(&b->lock);
+    if (started)
+      pthread_join(tid, NULL);
+  }
+  pthread_mutex_destroy(&b->lock);
+  pthread_cond_destroy(&b->cond);
+  free(b->jobs);
+  free(b->threads);
+  free(b);
+  rt->blocking = NULL;
+}

@@ -1,0 +1,368 @@
+/*
+ * monitor.c - the monitor thread: notices a shard whose thread has been
+ * inside one handler longer than the stall threshold, reports it, and hands
+ * the shard (run queue, timers, pool caches) to a spare thread, Go's
+ * sysmon/handoffp idea. Owns the monitor and the spare threads.
+ *
+ * Handlers are never interrupted, only bypassed: the stuck thread keeps
+ * running its handler; when it returns, it finds its shard gone, pushes the
+ * strand it was draining to the inject queue and becomes a spare itself.
+ *
+ * The handoff protocol. A runtime thread T publishes hstate = (epoch << 2)
+ * | state: IN inside a handler, BUSY inside a handler while it uses its
+ * shard (a post: weft__local_begin), OUT otherwise. The monitor may take the
+ * shard only while T is IN (never BUSY: T is using the shard then), and T
+ * must never touch the shard after that.
+ *   monitor:  taken = 1; membarrier(); h2 = hstate;
+ *             h2 is the same IN epoch it saw stalled -> committed;
+ *             else CAS(taken, 1 -> 0): success -> aborted, T never knew;
+ *                                      failure (T wrote 2) -> committed.
+ *   T, leaving IN (to BUSY or OUT):  hstate = X; compiler barrier;
+ *             if taken == 1: CAS(taken, 1 -> 2) -> T has lost its shard.
+ * membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) runs a full barrier on every
+ * thread of the process: T's hstate store is either before its barrier (the
+ * monitor then reads it and does not commit on IN) or after (T's later load
+ * then sees taken == 1). So if the monitor commits on "still IN", T will see
+ * taken before it touches the shard again, and if T already moved on, the
+ * CAS decides between them. T pays two plain stores per handler; the
+ * monitor pays one membarrier per stall. The registration for it is done in
+ * weft_rt_create, before any thread exists: registering later, with threads
+ * running, costs a grace period (shared/context/glommio-first-sleep-*).
+ * Without membarrier (old kernel, seccomp) stalls are reported, not handed
+ * off. ThreadSanitizer builds use seq_cst stores and loads instead, a
+ * correct Dekker protocol on its own that TSan can check.
+ *
+ * The spare inherits T's place in the park protocol (T was unparked and
+ * not searching), so the idle accounting does not change at a handoff.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <linux/membarrier.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define SPARE_IDLE_NS (10ull * 1000000000u)
+
+struct weft__monitor {
+  pthread_t tid;
+  _Atomic uint32_t wake;     /* futex word: 1 = nudged or stopping */
+  _Atomic uint32_t sleeping; /* 1 while waiting for any shard to run */
+  _Atomic uint32_t stop;
+  bool handoff_ok;
+  uint64_t tick_ns;
+  uint64_t *last_hs, *since;
+  struct weft__thread **last_t;
+  bool *reported, *handed;
+  uint64_t last_print_ns, suppressed;
+};
+
+static bool membarrier_register(void) {
+  long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (q < 0 || !(q & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
+    return false;
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0,
+                 0) == 0;
+}
+
+void weft__monitor_nudge(weft_rt *rt) {
+  struct weft__monitor *m = rt->monitor;
+  if (m && weft__load(&m->sleeping, WA_SC)) {
+    weft__store(&m->wake, 1, WA_REL);
+    weft__futex_wake(&m->wake, 1);
+  }
+}
+
+/* ---- spares ------------------------------------------------------------- */
+
+/* Starts one more thread, which waits as a spare; false at max_threads. */
+static bool spawn_spare(weft_rt *rt) {
+  pthread_mutex_lock(&rt->spare_lock);
+  unsigned live = 0;
+  struct weft__thread *slot = NULL;
+  for (unsigned i = 0; i < rt->nthreads; i++) {
+    struct weft__thread *t = &rt->threads[i];
+    if (t->slot_state == WEFT_TH_LIVE)
+      live++;
+    else if (!slot)
+      slot = t;
+  }
+  if (live >= rt->max_threads || weft__load(&rt->done, WA_ACQ)) {
+    pthread_mutex_unlock(&rt->spare_lock);
+    return false;
+  }
+  if (!slot)
+    slot = &rt->threads[rt->nthreads++];
+  if (slot->slot_state == WEFT_TH_EXITED)
+    pthread_join(slot->tid, NULL); /* it has returned from its entry */
+  unsigned idx = (unsigned)(slot - rt->threads);
+  memset(slot, 0, sizeof(*slot));
+  slot->rt = rt;
+  slot->idx = idx;
+  slot->slot_state = WEFT_TH_LIVE;
+  pthread_mutex_unlock(&rt->spare_lock);
+  /* Started with no shard: its loop makes it wait as a spare. */
+  if (pthread_create(&slot->tid, NULL, weft__thread_entry, slot) != 0) {
+    pthread_mutex_lock(&rt->spare_lock);
+    slot->slot_state = WEFT_TH_FREE;
+    pthread_mutex_unlock(&rt->spare_lock);
+    return false;
+  }
+  return true;
+}
+
+int weft__spare_prestart(weft_rt *rt) {
+  return rt->max_threads > rt->nshards && !spawn_spare(rt) ? -EAGAIN : 0;
+}
+
+bool weft__spare_wait(struct weft__thread *t) {
+  weft_rt *rt = t->rt;
+  weft__store(&t->taken, 0, WA_RLX);
+  uint32_t two = 2;
+  weft__cas(&t->wake, &two, 0, WA_RLX, WA_RLX); /* a stale kick */
+  pthread_mutex_lock(&rt->spare_lock);
+  if (weft__load(&rt->done, WA_ACQ)) {
+    t->slot_state = WEFT_TH_EXITED;
+    pthread_mutex_unlock(&rt->spare_lock);
+    return false;
+  }
+  rt->spares[rt->nspares++] = t;
+  pthread_mutex_unlock(&rt->spare_lock);
+  uint64_t deadline = weft__now_ns() + SPARE_IDLE_NS;
+  for (;;) {
+    uint32_t w = weft__load(&t->wake, WA_ACQ);
+    if (w == 1)
+      break;
+    if (weft__now_ns() >= deadline) {
+      pthread_mutex_lock(&rt->spare_lock);
+      for (unsigned i = 0; i < rt->nspares && rt->nspares > 1; i++) {
+        if (rt->spares[i] == t) {
+          rt->spares[i] = rt->spares[--rt->nspares];
+          t->slot_state = WEFT_TH_EXITED;
+          pthread_mutex_unlock(&rt->spare_lock);
+          return false; /* idle for long, and not the last spare: exit */
+        }
+      }
+      bool popped = true;
+      for (unsigned i = 0; i < rt->nspares; i++)
+        popped = popped && rt->spares[i] != t;
+      pthread_mutex_unlock(&rt->spare_lock);
+      /* The last spare stays; a popped one waits for its waker's 1. */
+      deadline = popped ? UINT64_MAX : weft__now_ns() + SPARE_IDLE_NS;
+      continue;
+    }
+    if (deadline == UINT64_MAX)
+      weft__futex_wait(&t->wake, w);
+    else
+      weft__futex_wait_until(&t->wake, w, deadline);
+  }
+  weft__store(&t->wake, 0, WA_RLX);
+  if (weft__load(&rt->done, WA_ACQ) || !t->shard) {
+    pthread_mutex_lock(&rt->spare_lock);
+    t->slot_state = WEFT_TH_EXITED;
+    pthread_mutex_unlock(&rt->spare_lock);
+    return false;
+  }
+  return true;
+}
+
+void weft__spares_wake_all(weft_rt *rt) {
+  pthread_mutex_lock(&rt->spare_lock);
+  while (rt->nspares) {
+    struct weft__thread *t = rt->spares[--rt->nspares];
+    weft__store(&t->wake, 1, WA_REL);
+    weft__futex_wake(&t->wake, 1);
+  }
+  pthread_mutex_unlock(&rt->spare_lock);
+}
+
+void weft__lost_done(weft_rt *rt) {
+  weft__fetch_sub(&rt->lost_inflight, 1, WA_SC);
+  if (weft__load(&rt->closing, WA_SC))
+    weft__poke(rt); /* the last parker may have counted us */
+}
+
+/* ---- handoff and reports ------------------------------------------------ */
+
+/* 1: handed off; 0: T moved on meanwhile (nothing to do); -1: no spare. */
+static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
+                   uint64_t hs) {
+  pthread_mutex_lock(&rt->spare_lock);
+  struct weft__thread *sp = rt->nspares ? rt->spares[--rt->nspares] : NULL;
+  pthread_mutex_unlock(&rt->spare_lock);
+  if (!sp) {
+    spawn_spare(rt); /* for the next tick, or the next stall */
+    return -1;
+  }
+  weft__store(&t->taken, 1, WA_SC);
+#ifndef WEFT_TSAN
+  syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+#endif
+  if (weft__load(&t->hstate, WA_SC) != hs) {
+    uint32_t one = 1;
+    if (weft__cas(&t->taken, &one, 0, WA_AR, WA_ACQ)) {
+      pthread_mutex_lock(&rt->spare_lock);
+      rt->spares[rt->nspares++] = sp;
+      pthread_mutex_unlock(&rt->spare_lock);
+      return 0;
+    }
+  }
+  /* Committed: T will not touch sh again. */
+  weft__fetch_add(&rt->lost_inflight, 1, WA_SC);
+  sp->shard = sh;
+  sp->searching = false;
+  weft__store(&sh->owner, sp, WA_REL);
+  weft__store(&sp->wake, 1, WA_REL);
+  weft__futex_wake(&sp->wake, 1);
+  pthread_mutex_lock(&rt->spare_lock);
+  bool none_left = rt->nspares == 0;
+  pthread_mutex_unlock(&rt->spare_lock);
+  if (none_left)
+    spawn_spare(rt); /* T becomes one when it returns; do not wait for it */
+  return 1;
+}
+
+static void report(weft_rt *rt, struct weft__monitor *m, unsigned shard,
+                   struct weft__thread *t, uint64_t ran_ns, bool handed,
+                   uint64_t now) {
+  weft_stall st = {.shard = shard,
+                   .strand = weft__load(&t->cur_strand, WA_RLX),
+                   .handler = weft__load(&t->cur_fn, WA_RLX),
+                   .running_ns = ran_ns,
+                   .handed_off = handed};
+  if (rt->on_stall) {
+    rt->on_stall(&st, rt->on_stall_ctx);
+    return;
+  }
+  if (m->last_print_ns && now - m->last_print_ns < 1000000000u) {
+    m->suppressed++;
+    return;
+  }
+  fprintf(stderr,
+          "weft: handler %p (strand %p) has run %.1f ms on shard %u; %s"
+          " (%llu more stalls not shown)\n",
+          st.handler, (void *)st.strand, ran_ns / 1e6, shard,
+          handed ? "its shard moved to another thread"
+                 : "no thread to move its shard to",
+          (unsigned long long)m->suppressed);
+  m->last_print_ns = now;
+  m->suppressed = 0;
+}
+
+/* Per shard the monitor remembers what it last saw (owner thread and its
+ * hstate), since when, and whether that handler was reported and handed
+ * off: a handler that runs for seconds is reported once. */
+static void scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
+  for (unsigned i = 0; i < rt->nshards; i++) {
+    struct weft__shard *sh = &rt->shards[i];
+    struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
+    uint64_t hs = weft__load(&t->hstate, WA_ACQ);
+    /* One handler is one epoch; IN and BUSY alternate within it. */
+    bool same = (hs & 3) != WEFT_HS_OUT && t == m->last_t[i] &&
+                (hs >> 2) == (m->last_hs[i] >> 2);
+    m->last_hs[i] = hs;
+    if (!same) {
+      m->last_t[i] = t;
+      m->since[i] = now;
+      m->reported[i] = m->handed[i] = false;
+      continue;
+    }
+    if (now - m->since[i] < rt->stall_ns || m->handed[i])
+      continue;
+    if ((hs & 3) != WEFT_HS_IN)
+      continue; /* BUSY: it is using its shard right now; next tick */
+    int r = m->handoff_ok ? handoff(rt, sh, t, hs) : -1;
+    if (r == 0)
+      continue; /* it returned meanwhile: not a stall after all */
+    if (r > 0) {
+      m->handed[i] = true;
+      weft__stat_add(&sh->st_handoffs, 1);
+    } else if (m->handoff_ok && now - m->since[i] < 4 * rt->stall_ns) {
+      continue; /* a spare is starting: report if still none in a while */
+    }
+    if (!m->reported[i]) {
+      m->reported[i] = true;
+      weft__stat_add(&sh->st_stalls, 1);
+      report(rt, m, i, t, now - m->since[i], r > 0, now);
+    }
+  }
+}
+
+static bool runtime_idle(weft_rt *rt) {
+  return (weft__load(&rt->idle.state, WA_SC) >> 32) == 0;
+}
+
+static void *monitor_main(void *arg) {
+  weft_rt *rt = arg;
+  struct weft__monitor *m = rt->monitor;
+  while (!weft__load(&m->stop, WA_ACQ)) {
+    if (runtime_idle(rt)) {
+      /* Nothing runs: sleep until a thread unparks (weft__monitor_nudge).
+       * sleeping and idle.state are both seq_cst: either we see the
+       * unpark, or the unparker sees sleeping and wakes us. */
+      weft__store(&m->sleeping, 1, WA_SC);
+      if (runtime_idle(rt) && !weft__load(&m->stop, WA_SC))
+        weft__futex_wait(&m->wake, 0);
+      weft__store(&m->sleeping, 0, WA_SC);
+      weft__store(&m->wake, 0, WA_RLX);
+      continue;
+    }
+    weft__futex_wait_until(&m->wake, 0, weft__now_ns() + m->tick_ns);
+    weft__store(&m->wake, 0, WA_RLX);
+    scan(rt, m, weft__now_ns());
+  }
+  return NULL;
+}
+
+static void monitor_free(struct weft__monitor *m) {
+  free(m->last_hs);
+  free(m->since);
+  free(m->last_t);
+  free(m->reported);
+  free(m->handed);
+  free(m);
+}
+
+int weft__monitor_start(weft_rt *rt) {
+  struct weft__monitor *m = calloc(1, sizeof(*m));
+  if (!m)
+    return -ENOMEM;
+  m->last_hs = calloc(rt->nshards, sizeof(uint64_t));
+  m->since = calloc(rt->nshards, sizeof(uint64_t));
+  m->last_t = calloc(rt->nshards, sizeof(*m->last_t));
+  m->reported = calloc(rt->nshards, sizeof(bool));
+  m->handed = calloc(rt->nshards, sizeof(bool));
+  if (!m->last_hs || !m->since || !m->last_t || !m->reported || !m->handed) {
+    monitor_free(m);
+    return -ENOMEM;
+  }
+  bool mb = membarrier_register();
+#ifdef WEFT_TSAN
+  mb = true; /* seq_cst protocol, no membarrier needed */
+#endif
+  m->handoff_ok = mb;
+  m->tick_ns = rt->stall_ns / 2;
+  rt->monitor = m;
+  int err = pthread_create(&m->tid, NULL, monitor_main, rt);
+  if (err) {
+    rt->monitor = NULL;
+    monitor_free(m);
+    return -err;
+  }
+  return 0;
+}
+
+void weft__monitor_stop(weft_rt *rt) {
+  struct weft__monitor *m = rt->monitor;
+  if (!m)
+    return;
+  weft__store(&m->stop, 1, WA_SC);
+  weft__store(&m->wake, 1, WA_REL);
+  weft__futex_wake(&m->wake, 1);
+  pthread_join(m->tid, NULL);
+  monitor_free(m);
+  rt->monitor = NULL;
+}
