@@ -92,14 +92,27 @@ static void blocking_work(void *arg) {
 struct opts {
   unsigned threads, work, blocking;
   double seconds;
-  bool peers;
+  bool peers, no_monitor, compare_monitor;
 };
+
+/* Stalls are expected here (the sleeper, and handlers preempted on an
+ * oversubscribed machine): count them instead of printing. */
+static atomic_ulong stalls_seen;
+static void on_stall(const weft_stall *st, void *ctx) {
+  (void)st;
+  (void)ctx;
+  atomic_fetch_add(&stalls_seen, 1);
+}
+static uint64_t last_handoffs;
 
 /* One run on weft; returns handlers per second. */
 static double run_weft(const struct opts *o, unsigned blocking) {
   weft_config cfg;
   weft_config_init(&cfg);
   cfg.workers = o->threads;
+  cfg.on_stall = on_stall;
+  if (o->no_monitor)
+    cfg.flags |= WEFT_CONFIG_NO_MONITOR;
   weft_rt *rt;
   int r = weft_rt_create(&rt, &cfg);
   if (r)
@@ -124,6 +137,9 @@ static double run_weft(const struct opts *o, unsigned blocking) {
   atomic_store(&running, false);
   if ((r = weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN)))
     die("weft_rt_shutdown", r);
+  weft_stats st;
+  weft_rt_stats(rt, &st);
+  last_handoffs = st.total.handoffs;
   weft_rt_destroy(rt);
   return (double)(c1 - c0) / (t1 - t0);
 }
@@ -188,7 +204,8 @@ static double run_peer(const struct opts *o, unsigned blocking, bool legacy) {
 
 static void usage(void) {
   fprintf(stderr, "usage: seed_strand [--threads N] [--seconds S] "
-                  "[--blocking K] [--work W] [--no-peer]\n"
+                  "[--blocking K] [--work W] [--no-peer] [--no-monitor]\n"
+                  "                   [--compare-monitor]\n"
                   "  no options: the demo table\n");
   exit(2);
 }
@@ -206,6 +223,14 @@ static void parse(int argc, char **argv, struct opts *o) {
     const char *a = argv[i];
     if (!strcmp(a, "--no-peer")) {
       o->peers = false;
+      continue;
+    }
+    if (!strcmp(a, "--no-monitor")) {
+      o->no_monitor = true;
+      continue;
+    }
+    if (!strcmp(a, "--compare-monitor")) {
+      o->compare_monitor = true;
       continue;
     }
     if (i + 1 >= argc)
@@ -269,8 +294,45 @@ static void demo(struct opts *o) {
          100 * bl[0] / un[0]);
 }
 
+/* Unblocked throughput with the monitor on and off, alternating, 3 rounds;
+ * the medians and the overhead. */
+static void compare_monitor(struct opts *o) {
+  double on[3], off[3];
+  for (int i = 0; i < 3; i++) {
+    o->no_monitor = false;
+    on[i] = run_weft(o, 0);
+    o->no_monitor = true;
+    off[i] = run_weft(o, 0);
+  }
+  for (int i = 0; i < 3; i++) /* sort the three of each */
+    for (int j = i + 1; j < 3; j++) {
+      if (on[j] < on[i]) {
+        double x = on[i];
+        on[i] = on[j];
+        on[j] = x;
+      }
+      if (off[j] < off[i]) {
+        double x = off[i];
+        off[i] = off[j];
+        off[j] = x;
+      }
+    }
+  printf("monitor on %.0f h/s, off %.0f h/s (medians of 3)\n", on[1], off[1]);
+  printf("{\"bench\":\"seed_strand_monitor\",\"threads\":%u,\"seconds\":%.2f,"
+         "\"monitor_on_handlers_per_sec\":%.0f,"
+         "\"monitor_off_handlers_per_sec\":%.0f,"
+         "\"monitor_overhead_pct\":%.2f}\n",
+         o->threads, o->seconds, on[1], off[1], 100 * (1 - on[1] / off[1]));
+}
+
 static void bench(struct opts *o) {
+  if (o->compare_monitor) {
+    compare_monitor(o);
+    return;
+  }
+  atomic_store(&stalls_seen, 0);
   double w = run_weft(o, o->blocking);
+  uint64_t handoffs = last_handoffs, stalls = atomic_load(&stalls_seen);
   double wu = o->blocking ? run_weft(o, 0) : w;
   double a = -1, al = -1, au = -1, alu = -1;
   if (o->peers) {
@@ -284,8 +346,11 @@ static void bench(struct opts *o) {
          wu, a, al);
   printf("{\"bench\":\"seed_strand\",\"threads\":%u,\"seconds\":%.2f,"
          "\"blocking\":%u,\"work\":%u,\"handlers_per_sec\":%.0f,"
-         "\"unblocked_handlers_per_sec\":%.0f,\"blocked_ratio\":%.4f",
-         o->threads, o->seconds, o->blocking, o->work, w, wu, w / wu);
+         "\"unblocked_handlers_per_sec\":%.0f,\"blocked_ratio\":%.4f,"
+         "\"stalls\":%llu,\"handoffs\":%llu,\"monitor\":%s",
+         o->threads, o->seconds, o->blocking, o->work, w, wu, w / wu,
+         (unsigned long long)stalls, (unsigned long long)handoffs,
+         o->no_monitor ? "false" : "true");
   if (best > 0)
     printf(",\"asio_strand_handlers_per_sec\":%.0f,"
            "\"asio_legacy_handlers_per_sec\":%.0f,"
