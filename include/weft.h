@@ -307,7 +307,7 @@ typedef struct weft_stats {
    * to another thread: in total.handlers_run (and total.handlers_cancelled
    * for those cancelled), but in no shard's counters. */
   uint64_t handlers_run_after_handoff;
-  uint64_t blocking_done; /* blocking jobs whose done was queued */
+  uint64_t blocking_done; /* blocking jobs whose done has returned */
 } weft_stats;
 
 /* Counters of the runtime, summed over its shards. They are read without

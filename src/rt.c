@@ -62,8 +62,8 @@ static void rt_free(weft_rt *rt) {
   weft__pool_destroy(&rt->strand_pool);
   weft__pool_destroy(&rt->timer_pool);
   weft__inject_destroy(&rt->inject);
+  weft__blocking_destroy(rt); /* no-op if destroy already did it */
   weft__idle_destroy(&rt->idle);
-  weft__blocking_destroy(rt);
   pthread_mutex_destroy(&rt->life_lock);
   pthread_cond_destroy(&rt->life_cond);
   pthread_mutex_destroy(&rt->spare_lock);
@@ -335,9 +335,12 @@ int weft_rt_destroy(weft_rt *rt) {
     return -EDEADLK;
   weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
   wait_done(rt);
-  weft__monitor_stop(rt);
-  weft__blocking_shutdown(rt);
+  /* Threads that finish a job or a bypassed handler poke the idle state
+   * and nudge the monitor after the count that let the shutdown finish:
+   * join them all before the monitor and the idle state go away. */
+  weft__blocking_destroy(rt);
   join_all(rt);
+  weft__monitor_stop(rt);
   rt_free(rt);
   return 0;
 }

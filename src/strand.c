@@ -228,18 +228,21 @@ static inline int invoke(weft_rt *rt, struct weft__node *n) {
   return 1;
 }
 
-/* Counts what a drain ran, on the shard, or on the runtime if the thread
- * lost its shard meanwhile (it then also reports its stuck handler done). */
-static void count(weft_rt *rt, struct weft__shard *sh, uint64_t ran,
-                  uint64_t cancelled) {
+/* Counts one handler, on the shard if this thread still holds it, else on
+ * the runtime (the handler was bypassed by a handoff; this thread then
+ * reports its stuck handler done). Per handler, so that the handlers of a
+ * turn that finished before the handoff are the shard's. */
+static void count(weft_rt *rt, struct weft__shard *sh, int ran) {
   if (sh) {
-    weft__stat_add(&sh->st_handlers_run, ran);
-    if (cancelled)
-      weft__stat_add(&sh->st_handlers_cancelled, cancelled);
+    if (ran)
+      weft__stat_add(&sh->st_handlers_run, 1);
+    else
+      weft__stat_add(&sh->st_handlers_cancelled, 1);
     return;
   }
-  weft__fetch_add(&rt->orphan_handlers_run, ran, WA_RLX);
-  weft__fetch_add(&rt->orphan_handlers_cancelled, cancelled, WA_RLX);
+  weft__fetch_add(ran ? &rt->orphan_handlers_run
+                      : &rt->orphan_handlers_cancelled,
+                  1, WA_RLX);
   weft__lost_done(rt);
 }
 
@@ -250,7 +253,7 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   int ran = invoke(rt, n);
   sh = weft__handler_leave(self);
   weft__pool_free(&rt->node_pool, node_cache(sh), n);
-  count(rt, sh, ran, !ran);
+  count(rt, sh, ran);
 }
 
 /* Waits a few spins for n's successor to be linked. */
@@ -267,7 +270,6 @@ static struct weft__node *wait_link(struct weft__node *n) {
 void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   weft_rt *rt = sh->rt;
   struct weft__thread *self = weft__self();
-  uint64_t ran = 0, cancelled = 0;
   unsigned budget = rt->batch;
   struct weft__node *n = s->head;
   if (!n) {
@@ -281,16 +283,19 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     weft__pool_free(&rt->node_pool, &sh->node_cache, s->ran);
     s->ran = NULL;
   }
+  weft__stat_add(&sh->st_strands_run, 1);
   weft__set_current_strand(s);
+  int lost_ran = -1;
   for (;;) {
     weft__handler_enter(self, (void *)n->fn, s);
-    if (invoke(rt, n))
-      ran++;
-    else
-      cancelled++;
+    int ran = invoke(rt, n);
     /* NULL: the monitor handed our shard to another thread while this
      * handler ran; from here on this thread is outside the runtime. */
     sh = weft__handler_leave(self);
+    if (sh)
+      count(rt, sh, ran);
+    else
+      lost_ran = ran; /* counted at the end: count() ends our part */
     struct weft__pool_cache *nc = node_cache(sh);
     struct weft__node *next = node_next(n);
     if (!next) {
@@ -326,7 +331,6 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     }
   }
   weft__set_current_strand(NULL);
-  count(rt, sh, ran, cancelled);
-  if (sh)
-    weft__stat_add(&sh->st_strands_run, 1);
+  if (lost_ran >= 0)
+    count(rt, NULL, lost_ran);
 }
