@@ -6,7 +6,7 @@
  * threads, no pools, no page of the clock, no kernel state of the process.
  *
  *  weft:  weft_rt_create with --threads workers, then at once a strand, a
- *         timer and weft_timer_start_at(now + --ms) on that strand. Lateness
+ *         timer on that strand and weft_timer_start_at(now + --ms). Lateness
  *         = the handler's weft_now_ns() minus the deadline.
  *  floor: the kernel alone: PR_SET_TIMERSLACK 1 (as weft's threads), then
  *         clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME) to now + --ms.
@@ -82,9 +82,9 @@ static int child_weft(unsigned threads, unsigned ms) {
   weft_strand *st;
   weft_timer *t;
   check(weft_strand_create(rt, &st), "weft_strand_create");
-  check(weft_timer_create(rt, &t), "weft_timer_create");
+  check(weft_timer_create(rt, st, &t), "weft_timer_create");
   s.deadline = weft_now_ns() + (uint64_t)ms * 1000000u;
-  check(weft_timer_start_at(t, st, s.deadline, 0, on_timer, &s),
+  check(weft_timer_start_at(t, s.deadline, 0, on_timer, &s),
         "weft_timer_start_at");
   while (sem_wait(&s.done) != 0 && errno == EINTR)
     ;

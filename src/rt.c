@@ -280,6 +280,7 @@ int weft_rt_stats(weft_rt *rt, weft_stats *out) {
     freed += weft__load(&sh->st_strands_freed, WA_RLX);
   }
   out->strands_live = created >= freed ? created - freed : 0;
+  out->total.timers_fired += weft__load(&rt->foreign_timers_fired, WA_RLX);
   return 0;
 }
 

@@ -11,7 +11,9 @@
  * cancel at once, each with its own ring of timers (many armed at a time):
  * two foreign threads and two handlers of driver strands (which re-post
  * themselves). The timers fire on eight other strands or on the runtime
- * (strand NULL). For each arming exactly one outcome:
+ * (strand NULL): each ring timer is created for a random one of these nine
+ * targets (a timer is bound to its strand at creation), and each batch arms
+ * a random run of the ring. For each arming exactly one outcome:
  *   cancel returned 0        and the handler never ran for it, or
  *   cancel returned -EALREADY and the handler ran exactly once (status 0,
  *                             missed 0, never early, on its strand).
@@ -23,8 +25,9 @@
  * weft_rt_destroy: any firing still queued has run by then.
  *
  * Also: re-arming a timer while a firing of its previous arming is queued
- * does not affect that firing (weft.h, weft_timer_start): it calls the
- * handler with the previous arming's arg, on the previous arming's strand.
+ * does not affect that firing (weft.h, weft_timer_start): it calls the fn
+ * and arg it fired with, not those of the new arming, and it does not
+ * re-arm a periodic timer that was started again.
  */
 #include "testutil.h"
 
@@ -49,8 +52,9 @@ typedef struct arming {
 typedef struct driver {
   unsigned id;
   weft_timer *t[RING];
-  arming *last[RING]; /* previous arming of each ring timer */
-  arming *arm;        /* this driver's records */
+  weft_strand *target[RING]; /* the strand t[i] was created for, or NULL */
+  arming *last[RING];        /* previous arming of each ring timer */
+  arming *arm;               /* this driver's records */
   uint64_t quota, used;
   uint64_t n_cancelled, n_already;
   uint64_t rng;
@@ -103,13 +107,11 @@ static unsigned drive_batch(driver *d) {
     unsigned i = idx[k];
     arming *a = &d->arm[d->used + k];
     uint64_t r = tu_rand(&d->rng);
-    unsigned target = (unsigned)(r % (NTARGETS + 1));
-    a->strand = target < NTARGETS ? g_targets[target] : NULL;
+    a->strand = d->target[i];
     a->cancel_rc = 1; /* not yet cancelled */
     a->deadline = weft_now_ns() + (r >> 16) % (MAX_AFTER_NS + 1);
     d->last[i] = a;
-    int rc = weft_timer_start_at(d->t[i], a->strand, a->deadline, 0,
-                                 timer_handler, a);
+    int rc = weft_timer_start_at(d->t[i], a->deadline, 0, timer_handler, a);
     if (rc != 0) {
       TU_CHECKF(false, "driver %u: weft_timer_start_at: %d (%s)", d->id, rc,
                 weft_strerror(rc));
@@ -210,8 +212,11 @@ static void test_cancel_race(void **state) {
     off += d->quota;
     d->rng = 0xC0FFEEull + k;
     d->deadline_ns = tu_deadline_ns(TU_WAIT_S);
-    for (unsigned i = 0; i < RING; i++)
-      tu_assert_rc(weft_timer_create(g_rt, &d->t[i]), 0);
+    for (unsigned i = 0; i < RING; i++) {
+      unsigned target = (unsigned)(tu_rand(&d->rng) % (NTARGETS + 1));
+      d->target[i] = target < NTARGETS ? g_targets[target] : NULL;
+      tu_assert_rc(weft_timer_create(g_rt, d->target[i], &d->t[i]), 0);
+    }
   }
   assert_int_equal(off, total);
 
@@ -275,25 +280,55 @@ static void test_cancel_race(void **state) {
 /* ------------------------------------ re-arm while a firing is queued */
 
 /* weft.h (weft_timer_start): "A firing already under way (its handler
- * queued or running) is not affected". A firing of arming A is queued
- * behind a gate on strand S1; the timer is re-armed (arming B, another arg,
- * strand S2). When the gate opens, the queued firing still belongs to A: it
- * calls the handler with A's arg, on S1. B then fires or is cancelled on
- * its own: cancel 0 -> never called with B's arg; fired -> once, on S2. */
+ * queued or running) is not affected: it calls the fn and arg it fired
+ * with, and it will not re-arm a periodic timer that was started again or
+ * cancelled meanwhile". A firing of arming A is queued behind a gate on
+ * strand S (the timer's strand); the timer is re-armed (arming B, another
+ * arg, on the same strand: a timer is bound to its strand at creation).
+ * When the gate opens, the queued firing still belongs to A: it calls the
+ * handler with A's arg. B then fires or is cancelled on its own:
+ *   v0: B an hour away, cancelled before the gate opens: cancel returns 0,
+ *       never called with B's arg;
+ *   v1: B fires at once: queued behind A's firing, called once with B's arg,
+ *       after A's call;
+ *   v2: as v1 with another fn for B: A's firing calls A's fn, B's firing B's;
+ *   v3: A periodic (1 ms), B one-shot an hour away, left armed while A's
+ *       firing runs: A's firing does not re-arm the timer as A (A is called
+ *       once, also after several of its periods) and does not disturb B
+ *       (cancel returns 0 afterwards). */
+#define NVARIANTS 4
+
 typedef struct rearm_arg {
   const char *name;
   weft_strand *strand;
   atomic_uint calls;
   atomic_uint wrong_strand;
+  weft_timer_fn fn;     /* the fn its arming was started with */
+  atomic_uint wrong_fn; /* calls through another fn */
+  atomic_uint pos;      /* 1 + its position among the calls (last call) */
+  tu_count *seq;
 } rearm_arg;
 
-static void rearm_handler(void *arg, int status, uint64_t missed) {
-  (void)missed;
-  rearm_arg *a = arg;
-  TU_CHECKF(status == 0, "status %d", status);
+static void rearm_record(rearm_arg *a, weft_timer_fn self, int status) {
+  TU_CHECKF(status == 0, "%s: status %d", a->name, status);
+  if (self != a->fn)
+    atomic_fetch_add(&a->wrong_fn, 1);
   if (weft_strand_current() != a->strand)
     atomic_fetch_add(&a->wrong_strand, 1);
+  atomic_store(&a->pos, (unsigned)atomic_fetch_add(a->seq, 1) + 1);
   atomic_fetch_add(&a->calls, 1);
+}
+
+/* A's fn (and B's in v0, v1, v3). */
+static void rearm_handler(void *arg, int status, uint64_t missed) {
+  (void)missed;
+  rearm_record(arg, rearm_handler, status);
+}
+
+/* B's fn in v2. */
+static void rearm_handler_b(void *arg, int status, uint64_t missed) {
+  (void)missed;
+  rearm_record(arg, rearm_handler_b, status);
 }
 
 static void mark_handler(void *arg) { atomic_fetch_add((tu_count *)arg, 1); }
@@ -304,54 +339,94 @@ static void test_rearm_while_queued(void **state) {
   tu_phase("re-arm while a firing is queued");
   weft_rt *rt;
   tu_rt_create(&rt, 2, 0);
-  weft_strand *s1, *s2;
-  tu_strand_create(rt, &s1);
-  tu_strand_create(rt, &s2);
-  /* variant 0: B an hour away, then cancelled (0); 1: B fires at once */
-  for (unsigned v = 0; v < 2; v++) {
+  weft_strand *s;
+  tu_strand_create(rt, &s);
+  for (unsigned v = 0; v < NVARIANTS; v++) {
     tu_gate gate;
     tu_gate_init(&gate);
-    tu_assert_rc(weft_post(s1, tu_gate_handler, &gate), 0);
+    tu_assert_rc(weft_post(s, tu_gate_handler, &gate), 0);
     tu_wait_count(&gate.entered, 1, "the gate handler");
-    rearm_arg a = {.name = "A", .strand = s1};
-    rearm_arg b = {.name = "B", .strand = s2};
-    atomic_init(&a.calls, 0);
-    atomic_init(&a.wrong_strand, 0);
-    atomic_init(&b.calls, 0);
-    atomic_init(&b.wrong_strand, 0);
+    tu_count seq;
+    atomic_init(&seq, 0);
+    rearm_arg a = {.name = "A", .strand = s, .fn = rearm_handler, .seq = &seq};
+    rearm_arg b = {.name = "B",
+                   .strand = s,
+                   .fn = v == 2 ? rearm_handler_b : rearm_handler,
+                   .seq = &seq};
+    rearm_arg *x[2] = {&a, &b};
+    for (unsigned k = 0; k < 2; k++) {
+      atomic_init(&x[k]->calls, 0);
+      atomic_init(&x[k]->wrong_strand, 0);
+      atomic_init(&x[k]->wrong_fn, 0);
+      atomic_init(&x[k]->pos, 0);
+    }
     weft_timer *t;
-    tu_assert_rc(weft_timer_create(rt, &t), 0);
+    tu_assert_rc(weft_timer_create(rt, s, &t), 0);
     /* A: a past deadline fires at once, queued behind the gate */
-    tu_assert_rc(weft_timer_start_at(t, s1, 1, 0, rearm_handler, &a), 0);
-    tu_assert_rc(weft_timer_cancel(t), -EALREADY); /* A has fired */
-    if (v == 0) {
-      tu_assert_rc(
-          weft_timer_start(t, s2, 3600000000000ull, 0, rearm_handler, &b), 0);
+    tu_assert_rc(
+        weft_timer_start_at(t, 1, v == 3 ? 1000000 : 0, rearm_handler, &a), 0);
+    /* A has fired. (Not asked in v3: a cancel would by itself stop the
+     * periodic A from re-arming, and v3 checks that the re-arm does.) */
+    if (v != 3)
+      tu_assert_rc(weft_timer_cancel(t), -EALREADY);
+    unsigned want_b = 0;
+    switch (v) {
+    case 0:
+      tu_assert_rc(weft_timer_start(t, 3600000000000ull, 0, rearm_handler, &b),
+                   0);
       tu_assert_rc(weft_timer_cancel(t), 0); /* B will not fire */
-    } else {
-      tu_assert_rc(weft_timer_start_at(t, s2, 1, 0, rearm_handler, &b), 0);
+      break;
+    case 1:
+      tu_assert_rc(weft_timer_start_at(t, 1, 0, rearm_handler, &b), 0);
+      want_b = 1;
+      break;
+    case 2:
+      tu_assert_rc(weft_timer_start_at(t, 1, 0, rearm_handler_b, &b), 0);
+      want_b = 1;
+      break;
+    default:
+      tu_assert_rc(weft_timer_start(t, 3600000000000ull, 0, rearm_handler, &b),
+                   0);
+      break;
     }
     tu_gate_open(&gate);
-    /* A marker behind everything queued on each strand so far. */
+    /* A marker behind everything queued on the strand so far. */
     tu_count marks;
     atomic_init(&marks, 0);
-    tu_assert_rc(weft_post(s1, mark_handler, &marks), 0);
-    tu_assert_rc(weft_post(s2, mark_handler, &marks), 0);
-    tu_wait_count(&marks, 2, "the strands to drain");
+    tu_assert_rc(weft_post(s, mark_handler, &marks), 0);
+    tu_wait_count(&marks, 1, "the strand to drain");
+    if (v == 3) {
+      tu_sleep_ms(5); /* five of A's periods: a chance to re-arm, wrongly */
+      tu_assert_rc(weft_timer_cancel(t), 0); /* B was still armed */
+      tu_assert_rc(weft_post(s, mark_handler, &marks), 0);
+      tu_wait_count(&marks, 2, "the strand to drain");
+    }
     unsigned ac = atomic_load(&a.calls), bc = atomic_load(&b.calls);
     unsigned aw = atomic_load(&a.wrong_strand),
              bw = atomic_load(&b.wrong_strand);
+    unsigned af = atomic_load(&a.wrong_fn), bf = atomic_load(&b.wrong_fn);
+    unsigned ap = atomic_load(&a.pos), bp = atomic_load(&b.pos);
     weft_timer_destroy(t);
     tu_gate_destroy(&gate);
-    if (ac != 1 || bc != v || aw || bw)
-      fail_msg("re-armed (B %s) while arming A's firing was queued: "
-               "handler called %u times with A's arg (expected 1) and %u "
-               "times with B's (expected %u), %u of B's calls on A's strand: "
-               "the queued firing of A was affected by the re-arm",
-               v ? "firing at once" : "an hour away, cancelled", ac, bc, v, bw);
+    if (ac != 1 || bc != want_b || aw || bw || af || bf)
+      fail_msg("variant %u: re-armed (B: %s) while arming A's firing was "
+               "queued: handler called %u times with A's arg (expected 1) "
+               "and %u times with B's (expected %u); calls through the "
+               "other arming's fn: %u (A), %u (B); calls off the strand: "
+               "%u (A), %u (B): the queued firing of A was affected by the "
+               "re-arm",
+               v,
+               v == 0   ? "an hour away, cancelled"
+               : v == 1 ? "firing at once"
+               : v == 2 ? "firing at once, another fn"
+                        : "an hour away, A periodic",
+               ac, bc, want_b, af, bf, aw, bw);
+    if (want_b && !(ap < bp))
+      fail_msg("variant %u: B's firing (queued after A's) ran before it "
+               "(call #%u, A's #%u)",
+               v, bp, ap);
   }
-  weft_strand_release(s1);
-  weft_strand_release(s2);
+  weft_strand_release(s);
   assert_int_equal(weft_rt_destroy(rt), 0);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }

@@ -1,8 +1,8 @@
 /*
  * test_timer_churn: creating, arming, cancelling and destroying many timers.
  *
- *  - 10^6 (scaled) timers in batches of 10^4 live: created, started with a
- *    far deadline (about an hour) on strands or the runtime, then per batch
+ *  - 10^6 (scaled) timers in batches of 10^4 live: created on strands or
+ *    the runtime, started with a far deadline (about an hour), then per batch
  *    one of: cancel (returns 0 every time) then destroy; destroy while armed;
  *    re-arm then cancel (0, then -EALREADY) then destroy. Half of the
  *    batches from a foreign thread, half from a handler, so timers are made
@@ -59,7 +59,10 @@ typedef struct churn_batch {
 
 static void churn_once(churn_batch *b) {
   for (unsigned i = 0; i < b->n; i++) {
-    int rc = weft_timer_create(g_rt, &b->t[i]);
+    uint64_t r = tu_rand(&b->rng);
+    weft_strand *s =
+        (r % (NSTRANDS + 1)) < NSTRANDS ? g_strands[r % (NSTRANDS + 1)] : NULL;
+    int rc = weft_timer_create(g_rt, s, &b->t[i]);
     if (rc != 0) {
       TU_CHECKF(false, "weft_timer_create: %d (%s)", rc, weft_strerror(rc));
       b->errors++;
@@ -69,9 +72,7 @@ static void churn_once(churn_batch *b) {
   }
   for (unsigned i = 0; i < b->n; i++) {
     uint64_t r = tu_rand(&b->rng);
-    weft_strand *s =
-        (r % (NSTRANDS + 1)) < NSTRANDS ? g_strands[r % (NSTRANDS + 1)] : NULL;
-    int rc = weft_timer_start(b->t[i], s, HOUR_NS + (r >> 20) % HOUR_NS, 0,
+    int rc = weft_timer_start(b->t[i], HOUR_NS + (r >> 20) % HOUR_NS, 0,
                               never_handler, NULL);
     if (rc != 0) {
       TU_CHECKF(false, "weft_timer_start: %d (%s)", rc, weft_strerror(rc));
@@ -80,8 +81,7 @@ static void churn_once(churn_batch *b) {
   }
   if (b->mode == 2) {
     for (unsigned i = 0; i < b->n; i++) {
-      int rc =
-          weft_timer_start(b->t[i], NULL, 2 * HOUR_NS, 0, never_handler, NULL);
+      int rc = weft_timer_start(b->t[i], 2 * HOUR_NS, 0, never_handler, NULL);
       if (rc != 0) {
         TU_CHECKF(false, "re-arm: %d (%s)", rc, weft_strerror(rc));
         b->errors++;
@@ -184,14 +184,14 @@ static void destroy_armed_handler(void *arg) {
   destroy_job *j = arg;
   for (uint64_t i = 0; i < j->n; i++) {
     weft_timer *t;
-    int rc = weft_timer_create(g_rt, &t);
+    /* on our own strand: a firing is queued behind this handler */
+    int rc = weft_timer_create(g_rt, j->self, &t);
     if (rc != 0) {
       TU_CHECKF(false, "create: %d", rc);
       break;
     }
     uint64_t r = tu_rand(&j->rng);
-    /* on our own strand: a firing is queued behind this handler */
-    rc = weft_timer_start(t, j->self, r % 50001, (r >> 40) % 2 ? 1000000 : 0,
+    rc = weft_timer_start(t, r % 50001, (r >> 40) % 2 ? 1000000 : 0,
                           never_handler, NULL);
     TU_CHECKF(rc == 0, "start: %d", rc);
     uint64_t until = weft_now_ns() + (r >> 20) % 30001;
@@ -230,9 +230,9 @@ static void test_destroy_armed_never_fires(void **state) {
   enum { NQ = 200 };
   weft_timer *q[NQ];
   for (unsigned i = 0; i < NQ; i++) {
-    tu_assert_rc(weft_timer_create(g_rt, &q[i]), 0);
+    tu_assert_rc(weft_timer_create(g_rt, gated, &q[i]), 0);
     /* a past deadline fires at once: queued behind the gate */
-    tu_assert_rc(weft_timer_start_at(q[i], gated, 1, (i % 2) ? 1000000 : 0,
+    tu_assert_rc(weft_timer_start_at(q[i], 1, (i % 2) ? 1000000 : 0,
                                      never_handler, NULL),
                  0);
     if (i % 4 < 2) /* it has fired: nothing to cancel */
@@ -311,8 +311,8 @@ static void test_destroy_in_own_handler(void **state) {
       x->calls = 0;
       x->finished = &finished;
       x->bad = &bad;
-      tu_assert_rc(weft_timer_create(g_rt, &x->t), 0);
-      tu_assert_rc(weft_timer_start(x->t, x->strand, (i % 4) * 100000,
+      tu_assert_rc(weft_timer_create(g_rt, x->strand, &x->t), 0);
+      tu_assert_rc(weft_timer_start(x->t, (i % 4) * 100000,
                                     x->periodic ? 200000 : 0, self_destroying,
                                     x),
                    0);

@@ -3,15 +3,21 @@
  *
  *  - Never early: every handler runs at weft_now_ns() >= its deadline (the
  *    API guarantees it), with status 0 and missed 0, exactly once, on the
- *    strand it was started with (or on no strand for strand NULL).
+ *    strand it was created for (or on no strand for strand NULL).
  *  - On a strand, timers with increasing deadlines (N timers, deadlines
  *    base + i * 50 us, started in shuffled order) run in deadline order;
- *    timers with equal deadlines run in start order. With workers = 1 and
- *    workers = 4 (timers are homed on different shards' wheels then).
+ *    timers with equal deadlines run in start order (weft.h,
+ *    weft_timer_create: "Timers of one strand fire in deadline order, and
+ *    those with equal deadlines in the order they were started"). With
+ *    workers = 1 and workers = 4: with 4 workers any of the threads may
+ *    serve the strand's wheel and run the handlers, and the order must
+ *    still hold.
  *  - On the runtime (strand NULL) no order is promised: each timer fires
  *    exactly once and never early.
  *  - A deadline in the past (weft_timer_start_at with 0, or now - 1 s, and
  *    weft_timer_start with after_ns 0) fires at once: status 0, exactly once.
+ *  - weft_shard_stats.timers_fired counts every firing, those that happen
+ *    inside weft_timer_start (past deadlines, from a foreign thread) too.
  *
  * Precondition of the order checks: every timer was started before the
  * first deadline (a timer cannot fire before it is started, so a late start
@@ -86,7 +92,7 @@ static bool ord_round(weft_rt *rt, weft_strand *strand, bool equal,
   weft_timer *t[NTIMERS];
   unsigned perm[NTIMERS];
   for (unsigned i = 0; i < NTIMERS; i++) {
-    tu_assert_rc(weft_timer_create(rt, &t[i]), 0);
+    tu_assert_rc(weft_timer_create(rt, strand, &t[i]), 0);
     r->slot[i].run = r;
     r->slot[i].idx = i;
     atomic_init(&r->slot[i].calls, 0);
@@ -100,8 +106,8 @@ static bool ord_round(weft_rt *rt, weft_strand *strand, bool equal,
     r->slot[i].deadline = equal ? base : base + (uint64_t)i * SPACING_NS;
   for (unsigned k = 0; k < NTIMERS; k++) {
     unsigned i = perm[k];
-    tu_assert_rc(weft_timer_start_at(t[i], strand, r->slot[i].deadline, 0,
-                                     ord_handler, &r->slot[i]),
+    tu_assert_rc(weft_timer_start_at(t[i], r->slot[i].deadline, 0, ord_handler,
+                                     &r->slot[i]),
                  0);
   }
   bool in_time = weft_now_ns() < base;
@@ -146,7 +152,9 @@ static void ord_run_rounds(unsigned workers, bool on_strand, bool equal,
   uint64_t rng = 0x7157ull * workers + (equal ? 1 : 0) + (on_strand ? 2 : 0);
   uint64_t margin = 5000000; /* 5 ms */
   unsigned done = 0, redone = 0;
+  uint64_t started = 0; /* timers started, all rounds (each fired once) */
   while (done < rounds) {
+    started += NTIMERS;
     if (ord_round(rt, s, equal, check_order, margin, &rng)) {
       done++;
     } else {
@@ -158,6 +166,12 @@ static void ord_run_rounds(unsigned workers, bool on_strand, bool equal,
       margin *= 2;
     }
   }
+  weft_stats st;
+  tu_stats(rt, &st);
+  if (st.total.timers_fired != started)
+    fail_msg("timers_fired is %" PRIu64 " after %" PRIu64 " timers fired "
+             "once each",
+             st.total.timers_fired, started);
   if (s)
     weft_strand_release(s);
   assert_int_equal(weft_rt_destroy(rt), 0);
@@ -234,26 +248,22 @@ static void test_past_deadline(void **state) {
       atomic_init(&p[i].calls, 0);
       atomic_init(&p[i].status, 1);
       atomic_init(&p[i].missed, 0);
-      tu_assert_rc(weft_timer_create(rt, &t[i]), 0);
+      tu_assert_rc(weft_timer_create(rt, p[i].strand, &t[i]), 0);
     }
     uint64_t now = weft_now_ns();
     for (unsigned i = 0; i < KINDS * NS; i++) {
       switch (i / NS) {
       case 0: /* absolute 0 */
-        tu_assert_rc(
-            weft_timer_start_at(t[i], p[i].strand, 0, 0, past_handler, &p[i]),
-            0);
+        tu_assert_rc(weft_timer_start_at(t[i], 0, 0, past_handler, &p[i]), 0);
         break;
       case 1: /* absolute, a second ago */
         tu_assert_rc(
-            weft_timer_start_at(t[i], p[i].strand,
-                                now > 1000000000u ? now - 1000000000u : 1, 0,
-                                past_handler, &p[i]),
+            weft_timer_start_at(t[i], now > 1000000000u ? now - 1000000000u : 1,
+                                0, past_handler, &p[i]),
             0);
         break;
       default: /* relative 0 */
-        tu_assert_rc(
-            weft_timer_start(t[i], p[i].strand, 0, 0, past_handler, &p[i]), 0);
+        tu_assert_rc(weft_timer_start(t[i], 0, 0, past_handler, &p[i]), 0);
         break;
       }
     }
@@ -262,6 +272,17 @@ static void test_past_deadline(void **state) {
     /* Fired, so not armed: a cancel finds nothing to cancel. */
     for (unsigned i = 0; i < KINDS * NS; i++)
       tu_assert_rc(weft_timer_cancel(t[i]), -EALREADY);
+    /* They fired inside weft_timer_start, on this (foreign) thread: the
+     * firings are counted all the same. */
+    weft_stats st;
+    tu_stats(rt, &st);
+    if (st.total.timers_fired != KINDS * NS)
+      fail_msg("workers=%u: timers_fired is %" PRIu64 " after %u timers "
+               "with past deadlines fired at their start",
+               workers, st.total.timers_fired, KINDS * NS);
+    /* A strand must stay unreleased until its timers are destroyed. */
+    for (unsigned i = 0; i < KINDS * NS; i++)
+      weft_timer_destroy(t[i]);
     weft_strand_release(s);
     assert_int_equal(weft_rt_destroy(rt), 0);
     for (unsigned i = 0; i < KINDS * NS; i++) {

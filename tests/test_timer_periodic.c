@@ -151,10 +151,9 @@ static void run_periodic(bool on_strand) {
   atomic_init(&c->inside, false);
   if (on_strand)
     tu_strand_create(rt, &c->strand);
-  tu_assert_rc(weft_timer_create(rt, &c->t), 0);
+  tu_assert_rc(weft_timer_create(rt, c->strand, &c->t), 0);
   uint64_t d0 = weft_now_ns() + PERIOD_NS;
-  tu_assert_rc(
-      weft_timer_start_at(c->t, c->strand, d0, PERIOD_NS, per_handler, c), 0);
+  tu_assert_rc(weft_timer_start_at(c->t, d0, PERIOD_NS, per_handler, c), 0);
   tu_wait_count(&c->calls, NFIRINGS, "the periodic timer's firings");
   /* It cancelled itself during its last firing: not armed then. */
   tu_assert_rc(atomic_load(&c->self_cancel_rc), -EALREADY);
@@ -223,8 +222,8 @@ static void test_cancel_while_running(void **state) {
     atomic_init(&g.calls, 0);
     atomic_init(&g.other, 0);
     weft_timer *t;
-    tu_assert_rc(weft_timer_create(rt, &t), 0);
-    tu_assert_rc(weft_timer_start(t, s, 0, PERIOD_NS, gated_handler, &g), 0);
+    tu_assert_rc(weft_timer_create(rt, s, &t), 0);
+    tu_assert_rc(weft_timer_start(t, 0, PERIOD_NS, gated_handler, &g), 0);
     tu_wait_count(&g.gate.entered, 1, "the first firing to start");
     /* Its handler is running: the timer is not armed. */
     tu_assert_rc(weft_timer_cancel(t), -EALREADY);
@@ -232,10 +231,11 @@ static void test_cancel_while_running(void **state) {
     tu_wait_count(&g.gate.passed, 1, "the first firing to finish");
     tu_sleep_ms((unsigned)(5 * PERIOD_NS / 1000000));
     tu_assert_rc(weft_timer_cancel(t), -EALREADY);
-    if (s)
-      weft_strand_release(s);
     tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
     weft_timer_destroy(t);
+    /* released after its timer is destroyed (weft_timer_create) */
+    if (s)
+      weft_strand_release(s);
     assert_int_equal(weft_rt_destroy(rt), 0);
     if (atomic_load(&g.calls) != 1)
       fail_msg("a periodic timer cancelled during its firing fired %" PRIu64
@@ -266,31 +266,30 @@ static void test_cancel_idle(void **state) {
   tu_count calls;
   atomic_init(&calls, 0);
   weft_timer *t[4];
-  for (unsigned i = 0; i < 4; i++)
-    tu_assert_rc(weft_timer_create(rt, &t[i]), 0);
+  for (unsigned i = 0; i < 4; i++) /* t[1], t[3] on s; t[0], t[2] on none */
+    tu_assert_rc(weft_timer_create(rt, (i % 2) ? s : NULL, &t[i]), 0);
   /* never started */
   tu_assert_rc(weft_timer_cancel(t[0]), -EALREADY);
   /* armed (first deadline an hour away, then every 2 ms), cancelled, idle */
   for (unsigned i = 1; i < 4; i++) {
-    tu_assert_rc(weft_timer_start(t[i], (i % 2) ? s : NULL, HOUR_NS, PERIOD_NS,
-                                  never_handler, &calls),
-                 0);
+    tu_assert_rc(
+        weft_timer_start(t[i], HOUR_NS, PERIOD_NS, never_handler, &calls), 0);
     tu_assert_rc(weft_timer_cancel(t[i]), 0);
     tu_assert_rc(weft_timer_cancel(t[i]), -EALREADY);
   }
   /* re-armed and cancelled again: the same answers */
   tu_assert_rc(
-      weft_timer_start(t[3], s, HOUR_NS, PERIOD_NS, never_handler, &calls), 0);
+      weft_timer_start(t[3], HOUR_NS, PERIOD_NS, never_handler, &calls), 0);
   tu_assert_rc(weft_timer_cancel(t[3]), 0);
   tu_assert_rc(weft_timer_cancel(t[3]), -EALREADY);
   assert_int_equal(atomic_load(&calls), 0);
   for (unsigned i = 0; i < 4; i++)
     tu_assert_rc(weft_timer_cancel(t[i]), -EALREADY);
-  weft_strand_release(s);
   /* not armed at shutdown: no -ECANCELED call either */
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
   for (unsigned i = 0; i < 4; i++)
     weft_timer_destroy(t[i]);
+  weft_strand_release(s); /* after its timers are destroyed */
   assert_int_equal(weft_rt_destroy(rt), 0);
   assert_int_equal(atomic_load(&calls), 0);
   TU_ASSERT_NO_ASYNC_ERRORS();
@@ -321,10 +320,10 @@ static void queued_driver(void *arg) {
   queued_ctx *q = arg;
   /* t[0]: deadline in the past, so it fires at once (queued behind us);
    * t[1]: 100 us, and we linger 300 us: it fires or not, both are fine. */
-  int rc = weft_timer_start_at(q->t[0], q->s, 1, PERIOD_NS, queued_handler,
-                               &q->calls[0]);
+  int rc =
+      weft_timer_start_at(q->t[0], 1, PERIOD_NS, queued_handler, &q->calls[0]);
   TU_CHECKF(rc == 0, "start: %d", rc);
-  rc = weft_timer_start(q->t[1], q->s, 100000, PERIOD_NS, queued_handler,
+  rc = weft_timer_start(q->t[1], 100000, PERIOD_NS, queued_handler,
                         &q->calls[1]);
   TU_CHECKF(rc == 0, "start: %d", rc);
   uint64_t until = weft_now_ns() + 300000;
@@ -345,7 +344,7 @@ static void test_cancel_queued_firing(void **state) {
   memset(&q, 0, sizeof q);
   tu_strand_create(rt, &q.s);
   for (unsigned i = 0; i < 2; i++)
-    tu_assert_rc(weft_timer_create(rt, &q.t[i]), 0);
+    tu_assert_rc(weft_timer_create(rt, q.s, &q.t[i]), 0);
   tu_assert_rc(weft_post(q.s, queued_driver, &q), 0);
   tu_wait_count(&q.done, 1, "the driver handler");
   tu_assert_rc(atomic_load(&q.rc[0]), -EALREADY);
@@ -357,10 +356,10 @@ static void test_cancel_queued_firing(void **state) {
   tu_sleep_ms((unsigned)(5 * PERIOD_NS / 1000000)); /* a chance to re-arm */
   for (unsigned i = 0; i < 2; i++)
     tu_assert_rc(weft_timer_cancel(q.t[i]), -EALREADY);
-  weft_strand_release(q.s);
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
   for (unsigned i = 0; i < 2; i++)
     weft_timer_destroy(q.t[i]);
+  weft_strand_release(q.s); /* after its timers are destroyed */
   assert_int_equal(weft_rt_destroy(rt), 0);
   assert_int_equal(atomic_load(&q.calls[0]), 1);
   assert_int_equal(atomic_load(&q.calls[1]),

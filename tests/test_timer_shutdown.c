@@ -25,7 +25,9 @@
  *    -> -ESHUTDOWN, weft_timer_cancel -> -EALREADY (nothing is armed).
  * Then: timers started by a foreign thread while another thread shuts the
  * runtime down: each start that returned 0 gets exactly one call (status 0
- * or -ECANCELED), each that failed (-ESHUTDOWN) none.
+ * or -ECANCELED), each that failed (-ESHUTDOWN) none. Half of these timers
+ * run on the runtime, half on a strand; half start with a past deadline
+ * (fire at once), half 100 us ahead (armed).
  */
 #include "testutil.h"
 
@@ -64,8 +66,8 @@ static void trec_handler(void *arg, int status, uint64_t missed) {
     atomic_fetch_add(&r->ok, 1);
   } else if (status == -ECANCELED) {
     TU_CHECKF(missed == 0, "-ECANCELED with missed %" PRIu64, missed);
-    atomic_store(&r->start_rc, weft_timer_start(r->t, r->strand, HOUR_NS, 0,
-                                                trec_handler, r));
+    atomic_store(&r->start_rc,
+                 weft_timer_start(r->t, HOUR_NS, 0, trec_handler, r));
     atomic_fetch_add(&r->cancelled, 1);
   } else {
     TU_CHECKF(false, "unexpected status %d (%s)", status,
@@ -81,7 +83,7 @@ static void trec_init(trec *r, weft_strand *s, enum kind k, bool periodic) {
   atomic_init(&r->cancelled, 0);
   atomic_init(&r->after_last, 0);
   atomic_init(&r->start_rc, 1);
-  tu_assert_rc(weft_timer_create(g_rt, &r->t), 0);
+  tu_assert_rc(weft_timer_create(g_rt, s, &r->t), 0);
 }
 
 typedef struct shut_ctx {
@@ -174,8 +176,7 @@ static void run_shutdown(int how) {
   for (unsigned i = 0; i < NREPEAT; i++) {
     trec *x = &r[NARMED + i];
     trec_init(x, (i % 2) ? s[i % NSTRANDS] : NULL, K_REPEAT, true);
-    tu_assert_rc(weft_timer_start(x->t, x->strand, 0, 50000 + 10000 * i,
-                                  trec_handler, x),
+    tu_assert_rc(weft_timer_start(x->t, 0, 50000 + 10000 * i, trec_handler, x),
                  0);
   }
   for (unsigned i = 0; i < NREPEAT; i++) {
@@ -196,7 +197,7 @@ static void run_shutdown(int how) {
     weft_strand *st =
         (i % (NSTRANDS + 1)) < NSTRANDS ? s[i % (NSTRANDS + 1)] : NULL;
     trec_init(x, st, K_ARMED, (i % 7) == 0);
-    tu_assert_rc(weft_timer_start(x->t, x->strand, HOUR_NS + i * 1000ull,
+    tu_assert_rc(weft_timer_start(x->t, HOUR_NS + i * 1000ull,
                                   x->periodic ? HOUR_NS : 0, trec_handler, x),
                  0);
   }
@@ -213,7 +214,7 @@ static void run_shutdown(int how) {
     trec *x = &r[NARMED + NREPEAT + i];
     trec_init(x, gated, K_QUEUED, (i % 2) != 0);
     /* a past deadline fires at once: the firing is queued behind the gate */
-    tu_assert_rc(weft_timer_start_at(x->t, gated, 1, x->periodic ? HOUR_NS : 0,
+    tu_assert_rc(weft_timer_start_at(x->t, 1, x->periodic ? HOUR_NS : 0,
                                      trec_handler, x),
                  0);
   }
@@ -238,12 +239,12 @@ static void run_shutdown(int how) {
 
   tu_phase("shutdown: after");
   weft_timer *fresh;
-  tu_assert_rc(weft_timer_create(g_rt, &fresh), -ESHUTDOWN);
+  tu_assert_rc(weft_timer_create(g_rt, NULL, &fresh), -ESHUTDOWN);
+  tu_assert_rc(weft_timer_create(g_rt, s[0], &fresh), -ESHUTDOWN);
   for (unsigned i = 0; i < n; i++) {
     tu_assert_rc(weft_timer_cancel(r[i].t), -EALREADY);
-    tu_assert_rc(weft_timer_start(r[i].t, r[i].strand, 0, 0, noop_timer, NULL),
-                 -ESHUTDOWN);
-    tu_assert_rc(weft_timer_start_at(r[i].t, NULL, 1, 1000, noop_timer, NULL),
+    tu_assert_rc(weft_timer_start(r[i].t, 0, 0, noop_timer, NULL), -ESHUTDOWN);
+    tu_assert_rc(weft_timer_start_at(r[i].t, 1, 1000, noop_timer, NULL),
                  -ESHUTDOWN);
   }
   for (unsigned i = 0; i < n; i++)
@@ -301,10 +302,10 @@ static void *race_starter(void *arg) {
     sched_yield();
   for (unsigned i = a->first; i < a->first + RACE_PER_THREAD; i++) {
     /* past deadlines fire at once, the others are armed */
-    x->rc[i] = (i % 2) ? weft_timer_start_at(x->t[i], NULL, 1, 0, race_handler,
-                                             &x->calls[i])
-                       : weft_timer_start(x->t[i], NULL, 100000, 0,
-                                          race_handler, &x->calls[i]);
+    x->rc[i] =
+        (i % 2)
+            ? weft_timer_start_at(x->t[i], 1, 0, race_handler, &x->calls[i])
+            : weft_timer_start(x->t[i], 100000, 0, race_handler, &x->calls[i]);
     atomic_fetch_add(&x->started, 1);
   }
   return NULL;
@@ -322,8 +323,12 @@ static void test_start_racing_shutdown(void **state) {
   unsigned bad_rounds = 0;
   for (unsigned round = 0; round < rounds; round++) {
     tu_rt_create(&g_rt, 2, 0);
+    weft_strand *rs;
+    tu_strand_create(g_rt, &rs);
     for (unsigned i = 0; i < RACE_TIMERS; i++) {
-      tu_assert_rc(weft_timer_create(g_rt, &x->t[i]), 0);
+      /* i % 4: 0, 1 on the runtime; 2, 3 on the strand */
+      tu_assert_rc(weft_timer_create(g_rt, (i % 4) >= 2 ? rs : NULL, &x->t[i]),
+                   0);
       atomic_init(&x->calls[i], 0);
       x->rc[i] = 1;
     }
@@ -353,6 +358,7 @@ static void test_start_racing_shutdown(void **state) {
       tu_thread_join(th[k], "a starter");
     for (unsigned i = 0; i < RACE_TIMERS; i++)
       weft_timer_destroy(x->t[i]);
+    weft_strand_release(rs);
     assert_int_equal(weft_rt_destroy(g_rt), 0);
     uint64_t lost0 = lost, extra0 = extra;
     for (unsigned i = 0; i < RACE_TIMERS; i++) {
