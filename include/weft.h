@@ -213,35 +213,41 @@ WEFT_API weft_rt *weft_rt_current(void);
  * plus the period, counted from when the handler returns, so a handler that
  * runs long makes the following periods count as missed.
  *
- * A timer belongs to one runtime and is 64 bytes. Each is homed on one shard,
- * whose timing wheel (O(1) start and cancel) holds it; a shard that has
- * nothing else to do sleeps until its earliest deadline exactly. */
+ * A timer belongs to one runtime and one strand (or none) and is 64 bytes.
+ * All timers of a strand live in one shard's timing wheel (O(1) start and
+ * cancel); a shard with nothing else to do sleeps until its earliest
+ * deadline exactly. A firing is queued from under the wheel's lock, so the
+ * order of deadlines is the order in which handlers are queued. */
 typedef struct weft_timer weft_timer;
 typedef void (*weft_timer_fn)(void *arg, int status, uint64_t missed);
 
 /* CLOCK_MONOTONIC now, in nanoseconds. Any thread. */
 WEFT_API uint64_t weft_now_ns(void);
 
-/* Creates an idle timer. Errors: -EINVAL, -ENOMEM, -ESHUTDOWN. Any thread. */
-WEFT_API int weft_timer_create(weft_rt *rt, weft_timer **t);
+/* Creates an idle timer whose handler will run on strand s, or on any
+ * worker if s is NULL. s must belong to rt and stay unreleased until the
+ * timer is destroyed. Timers of one strand fire in deadline order, and
+ * those with equal deadlines in the order they were started.
+ * Errors: -EINVAL, -EXDEV (s belongs to another runtime), -EBADF (s
+ * released), -ENOMEM, -ESHUTDOWN. Any thread. */
+WEFT_API int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **t);
 
 /* Arms t to fire after after_ns (0: at once), then every period_ns if
  * period_ns is not 0. Starting an armed timer re-arms it (its pending firing
- * is replaced). s may be NULL (run on any worker); it must belong to the
- * timer's runtime and must not be released while the timer is armed or a
- * firing is pending. A firing already under way (its handler queued or
- * running) is not affected, except that it will not re-arm a periodic timer.
- * Errors: -EINVAL (t or fn NULL, or deadline overflow), -EXDEV (s belongs
- * to another runtime), -EBADF (s released, or t destroyed), -ESHUTDOWN.
- * Any thread. */
-WEFT_API int weft_timer_start(weft_timer *t, weft_strand *s, uint64_t after_ns,
+ * is replaced). A firing already under way (its handler queued or running)
+ * is not affected: it calls the fn and arg it fired with, and it will not
+ * re-arm a periodic timer that was started again or cancelled meanwhile.
+ * Errors: -EINVAL (t or fn NULL, or the deadline or the first period
+ * overflows), -EBADF (t destroyed), -ESHUTDOWN, -EBUSY (65535 firings of t
+ * queued). Any thread. */
+WEFT_API int weft_timer_start(weft_timer *t, uint64_t after_ns,
                               uint64_t period_ns, weft_timer_fn fn, void *arg);
 
 /* As weft_timer_start with an absolute deadline (weft_now_ns clock). A
  * deadline in the past fires at once. */
-WEFT_API int weft_timer_start_at(weft_timer *t, weft_strand *s,
-                                 uint64_t deadline_ns, uint64_t period_ns,
-                                 weft_timer_fn fn, void *arg);
+WEFT_API int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns,
+                                 uint64_t period_ns, weft_timer_fn fn,
+                                 void *arg);
 
 /* Disarms t. Exactly one of "fired" and "cancelled" happens to each
  * arming, and the return value says which: 0 when the timer was armed and

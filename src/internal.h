@@ -176,12 +176,20 @@ struct weft_timer {
   uint64_t period;         /* ns, 0: one-shot */
   weft_timer_fn fn;
   void *arg;
-  weft_strand *strand; /* NULL: any worker */
-  weft_rt *rt;
+  /* its strand, or its runtime | 1 for a timer without strand */
+  uintptr_t owner;
   /* state: WEFT_T_*; where: level * 64 + slot while ARMED; inflight: firings
    * queued or running; missed: reported to the next firing. */
   uint64_t state : 2, destroyed : 1, where : 9, inflight : 16, missed : 32;
 };
+
+static inline weft_strand *weft__timer_strand(const struct weft_timer *t) {
+  return (t->owner & 1) ? NULL : (weft_strand *)t->owner;
+}
+static inline weft_rt *weft__timer_rt(const struct weft_timer *t) {
+  return (t->owner & 1) ? (weft_rt *)(t->owner & ~(uintptr_t)1)
+                        : ((weft_strand *)t->owner)->rt;
+}
 
 void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns);
 /* Fires the due timers of shard `home` (trylock: returns if busy), posting
@@ -295,6 +303,7 @@ struct weft_rt {
   _Atomic int64_t blocking_inflight; /* blocking jobs accepted, not done */
   _Atomic uint64_t orphan_handlers_run; /* run by threads after a handoff */
   _Atomic uint64_t orphan_handlers_cancelled;
+  _Atomic uint64_t foreign_timers_fired;
   pthread_mutex_t life_lock; /* guards the fields below */
   pthread_cond_t life_cond;
   unsigned started; /* threads that reached their loop */

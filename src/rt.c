@@ -382,6 +382,7 @@ int weft_rt_stats(weft_rt *rt, weft_stats *out) {
     out->threads += rt->threads[i].slot_state == WEFT_TH_LIVE;
   pthread_mutex_unlock(&rt->spare_lock);
   weft__blocking_stats(rt, out);
+  out->total.timers_fired += weft__load(&rt->foreign_timers_fired, WA_RLX);
   return 0;
 }
 

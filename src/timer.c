@@ -3,10 +3,16 @@
  * cancelling, firing, and the timers' part of shutdown. Owns every
  * weft_timer and each shard's wheel (struct weft__wheel in internal.h).
  *
- * Home shard: a timer lives in the wheel of the shard its address hashes
- * to, fixed for its life, so all its state is guarded by that shard's tlock
- * (lock order: a tlock is never held while taking another lock except the
- * pool depot's, and never across a handler).
+ * Home shard: a timer lives in the wheel of the shard its strand's address
+ * hashes to (its own address for a timer without strand), fixed for its
+ * life, so all its state is guarded by that shard's tlock, and all timers of
+ * one strand share a wheel. Firings are queued on the strand while tlock is
+ * held, so handlers are queued in the order the wheel yields deadlines.
+ * Lock order: a tlock is never held while taking another lock except the
+ * pool depot's, and never across a handler.
+ *
+ * A firing carries a copy of what it fired with (fn, arg, missed), so a
+ * re-arm with other values does not change a firing already queued.
  *
  * Exactly one outcome per arming: an ARMED timer leaves the wheel either by
  * firing (state FIRED, inflight++, its handler queued) or by cancel (state
@@ -30,7 +36,6 @@
 #define LEVEL_BITS 6
 #define SLOT_MASK ((uint64_t)WEFT_WHEEL_SLOTS - 1)
 #define MAX_TICKS ((uint64_t)1 << (LEVEL_BITS * WEFT_WHEEL_LEVELS))
-#define FIRE_BATCH 64
 
 uint64_t weft__now_ns(void) {
   struct timespec ts;
@@ -55,9 +60,10 @@ void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns) {
 }
 
 static inline struct weft__shard *home_of(weft_timer *t) {
-  uintptr_t h = (uintptr_t)t >> 6;
+  uintptr_t h = (uintptr_t)(weft__timer_strand(t) ? t->owner : (uintptr_t)t) >> 6;
   h ^= h >> 17;
-  return &t->rt->shards[h % t->rt->nshards];
+  weft_rt *rt = weft__timer_rt(t);
+  return &rt->shards[h % rt->nshards];
 }
 
 static unsigned level_for(uint64_t elapsed, uint64_t when) {
@@ -73,11 +79,23 @@ static void wheel_insert(struct weft__wheel *w, weft_timer *t) {
   uint64_t when = tick_ceil(t->deadline);
   unsigned level = level_for(w->elapsed, when);
   unsigned slot = (unsigned)((when >> (level * LEVEL_BITS)) & SLOT_MASK);
+  if (level == WEFT_WHEEL_LEVELS - 1 &&
+      slot == (unsigned)((w->elapsed >> (level * LEVEL_BITS)) & SLOT_MASK))
+    /* Beyond the wheel's range with the top digit of now: the current top
+     * slot would be due at once and re-insert it there forever. The slot
+     * before it is the last one of this turn: it cascades again then. */
+    slot = (slot - 1) & SLOT_MASK;
   struct weft__tlist *head = &w->slot[level][slot];
-  t->link.next = head;
-  t->link.prev = head->prev;
-  head->prev->next = &t->link;
-  head->prev = &t->link;
+  /* Level 0 is kept in deadline order (a tick spans 1.024 us of them),
+   * equal deadlines in insertion order; it is where timers fire from. */
+  struct weft__tlist *after = head->prev;
+  if (level == 0)
+    while (after != head && ((weft_timer *)after)->deadline > t->deadline)
+      after = after->prev;
+  t->link.next = after->next;
+  t->link.prev = after;
+  after->next->prev = &t->link;
+  after->next = &t->link;
   w->occupied[level] |= (uint64_t)1 << slot;
   t->where = level * WEFT_WHEEL_SLOTS + slot;
   w->count++;
@@ -132,91 +150,110 @@ static void publish_next(struct weft__shard *sh) {
 static void tramp(void *arg);
 static void tramp_cancel(void *arg);
 
-/* Queues one firing of t (already FIRED, inflight counted) from `local`. */
-static void queue_firing(weft_timer *t, struct weft__shard *local,
-                         bool cancel) {
-  weft_rt *rt = t->rt;
+/* What a firing fired with, so a re-arm cannot change it. It travels as the
+ * arg of an ordinary handler node (freed by whoever runs the node) and is
+ * freed by the trampoline. From the timer pool (64-byte objects). */
+struct firing {
+  weft_timer *t;
+  weft_timer_fn fn;
+  void *arg;
+  uint64_t missed;
+};
+
+_Static_assert(sizeof(struct firing) <= 64, "a firing fits a timer slot");
+_Static_assert(sizeof(struct weft_timer) == 64, "a timer is 64 bytes");
+
+/* Fires t (out of the wheel) from `local`; tlock held. On allocation
+ * failure the firing is not lost: t is re-armed 1 ms later. */
+static void fire_locked(weft_timer *t, struct weft__shard *home,
+                        struct weft__shard *local, bool cancel) {
+  weft_rt *rt = weft__timer_rt(t);
   struct weft__node *n =
       weft__pool_alloc(&rt->node_pool, local ? &local->node_cache : NULL);
-  if (!n) {
-    /* Out of memory: the firing is not lost, it is retried in 1 ms. */
-    struct weft__shard *home = home_of(t);
-    pthread_mutex_lock(&home->tlock);
-    t->inflight--;
-    if (t->state == WEFT_T_FIRED) {
-      t->state = WEFT_T_ARMED;
-      t->deadline = weft__now_ns() + 1000000;
-      wheel_insert(&home->wheel, t);
-      publish_next(home);
-    }
-    pthread_mutex_unlock(&home->tlock);
+  struct firing *f =
+      n ? weft__pool_alloc(&rt->timer_pool, local ? &local->timer_cache : NULL)
+        : NULL;
+  if (!f) {
+    if (n)
+      weft__pool_free(&rt->node_pool, local ? &local->node_cache : NULL, n);
+    t->state = WEFT_T_ARMED;
+    t->deadline = weft__now_ns() + 1000000;
+    wheel_insert(&home->wheel, t);
     return;
   }
+  t->state = WEFT_T_FIRED;
+  t->inflight++;
+  f->t = t;
+  f->fn = t->fn;
+  f->arg = t->arg;
+  f->missed = t->missed;
   n->fn = cancel ? tramp_cancel : tramp;
   n->cancel = tramp_cancel;
-  n->arg = t;
-  weft__store(&n->link.next, 0, WA_RLX);
-  if (t->strand)
-    weft__strand_push(t->strand, local, n);
+  n->arg = f;
+  if (weft__timer_strand(t))
+    weft__strand_push(weft__timer_strand(t), local, n);
   else
     weft__schedule(rt, local, (weft__item)n | WEFT_ITEM_NODE);
+  if (cancel)
+    return;
+  if (local)
+    weft__stat_add(&local->st_timers_fired, 1);
+  else
+    weft__fetch_add(&rt->foreign_timers_fired, 1, WA_RLX);
 }
 
-/* Takes the due timers of home's wheel into out[] as FIRED; lock held. */
-static unsigned take_due(struct weft__shard *home, uint64_t now_tick,
-                         weft_timer **out, unsigned max) {
+/* Fires every due timer of home's wheel, in deadline order; lock held.
+ * Timers fire only from level 0, which is sorted; a due slot of a higher
+ * level is cascaded whole, even its timers due now, which then land in a
+ * level-0 slot in order. */
+static void fire_due_locked(struct weft__shard *home, struct weft__shard *local,
+                            uint64_t now_tick) {
   struct weft__wheel *w = &home->wheel;
-  unsigned n = 0;
   uint64_t tick;
   unsigned l, s;
-  while (n < max && next_slot(w, &tick, &l, &s) && tick <= now_tick) {
+  while (next_slot(w, &tick, &l, &s) && tick <= now_tick) {
     w->elapsed = tick;
     struct weft__tlist *head = &w->slot[l][s];
-    while (n < max && head->next != head) {
+    while (head->next != head) {
       weft_timer *t = (weft_timer *)head->next;
       wheel_remove(w, t);
-      if (tick_ceil(t->deadline) <= w->elapsed) {
-        t->state = WEFT_T_FIRED;
-        t->inflight++;
-        out[n++] = t;
-      } else {
-        wheel_insert(w, t); /* cascade to a lower level */
-      }
+      if (l == 0)
+        fire_locked(t, home, local, false);
+      else
+        wheel_insert(w, t);
     }
   }
-  if (n < max && !w->count && now_tick > w->elapsed)
+  if (!w->count && now_tick > w->elapsed)
     w->elapsed = now_tick;
-  return n;
 }
 
 void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
                            uint64_t now_ns) {
-  weft_timer *due[FIRE_BATCH];
-  unsigned n;
-  do {
-    if (pthread_mutex_trylock(&home->tlock) != 0)
-      return; /* another thread is serving this wheel */
-    n = take_due(home, now_ns >> WEFT_TICK_SHIFT, due, FIRE_BATCH);
-    publish_next(home);
-    pthread_mutex_unlock(&home->tlock);
-    for (unsigned i = 0; i < n; i++)
-      queue_firing(due[i], local, false);
-    if (local)
-      weft__stat_add(&local->st_timers_fired, n);
-  } while (n == FIRE_BATCH);
+  if (pthread_mutex_trylock(&home->tlock) != 0)
+    return; /* another thread is serving this wheel */
+  fire_due_locked(home, local, now_ns >> WEFT_TICK_SHIFT);
+  publish_next(home);
+  pthread_mutex_unlock(&home->tlock);
 }
 
 /* Wakes the home shard's thread if its deadline moved earlier. */
 static void maybe_kick(struct weft__shard *home, uint64_t before) {
   uint64_t now = weft__load(&home->timer_next, WA_RLX);
-  struct weft__thread *self = weft__self();
-  if (now < before && !(self && self->shard == home))
+  /* The owner, not self->shard: inside a handler this thread may already
+   * have lost home to a handoff without knowing; the new owner must wake.
+   * If the handoff comes after this load, the new owner reads timer_next
+   * when it starts serving home. */
+  if (now < before && weft__load(&home->owner, WA_ACQ) != weft__self())
     weft__kick(home);
 }
 
-int weft_timer_create(weft_rt *rt, weft_timer **out) {
+int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
   if (!rt || !out)
     return -EINVAL;
+  if (s && s->rt != rt)
+    return -EXDEV;
+  if (s && (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC))
+    return -EBADF;
   if (weft__load(&rt->closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
@@ -229,8 +266,7 @@ int weft_timer_create(weft_rt *rt, weft_timer **out) {
   t->deadline = t->period = 0;
   t->fn = NULL;
   t->arg = NULL;
-  t->strand = NULL;
-  t->rt = rt;
+  t->owner = s ? (uintptr_t)s : (uintptr_t)rt | 1;
   t->state = WEFT_T_IDLE;
   t->destroyed = 0;
   t->where = 0;
@@ -240,37 +276,22 @@ int weft_timer_create(weft_rt *rt, weft_timer **out) {
   return 0;
 }
 
-static void timer_free(weft_timer *t) {
-  weft_rt *rt = t->rt;
+static void obj_free(weft_rt *rt, void *obj) {
   struct weft__shard *sh = weft__local_begin(rt);
-  weft__pool_free(&rt->timer_pool, sh ? &sh->timer_cache : NULL, t);
+  weft__pool_free(&rt->timer_pool, sh ? &sh->timer_cache : NULL, obj);
   weft__local_end(sh);
 }
 
-int weft_timer_start_at(weft_timer *t, weft_strand *s, uint64_t deadline_ns,
+/* Arms t; tlock held. */
+static int start_locked(weft_timer *t, struct weft__shard *home,
+                        struct weft__shard *local, uint64_t deadline_ns,
                         uint64_t period_ns, weft_timer_fn fn, void *arg) {
-  if (!t || !fn)
-    return -EINVAL;
-  if (s && s->rt != t->rt)
-    return -EXDEV;
-  if (s && (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC))
+  if (t->destroyed)
     return -EBADF;
-  struct weft__shard *home = home_of(t);
-  bool fire_now = false;
-  pthread_mutex_lock(&home->tlock);
-  if (t->destroyed) {
-    pthread_mutex_unlock(&home->tlock);
-    return -EBADF;
-  }
-  if (weft__load(&t->rt->closing, WA_ACQ)) {
-    pthread_mutex_unlock(&home->tlock);
+  if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ))
     return -ESHUTDOWN;
-  }
-  if (t->inflight == 0xffff) {
-    pthread_mutex_unlock(&home->tlock);
+  if (t->inflight == 0xffff)
     return -EBUSY;
-  }
-  uint64_t before = weft__load(&home->timer_next, WA_RLX);
   if (t->state == WEFT_T_ARMED)
     wheel_remove(&home->wheel, t);
   if (!home->wheel.count) /* nothing to keep in place: catch up with now */
@@ -279,33 +300,49 @@ int weft_timer_start_at(weft_timer *t, weft_strand *s, uint64_t deadline_ns,
   t->period = period_ns;
   t->fn = fn;
   t->arg = arg;
-  t->strand = s;
   t->missed = 0;
   if (tick_ceil(deadline_ns) <= home->wheel.elapsed) {
-    t->state = WEFT_T_FIRED;
-    t->inflight++;
-    fire_now = true;
+    fire_locked(t, home, local, false);
   } else {
     t->state = WEFT_T_ARMED;
     wheel_insert(&home->wheel, t);
   }
   publish_next(home);
-  pthread_mutex_unlock(&home->tlock);
-  if (fire_now) {
-    struct weft__shard *local = weft__local_begin(t->rt);
-    queue_firing(t, local, false);
-    weft__local_end(local);
-  } else
-    maybe_kick(home, before);
   return 0;
 }
 
-int weft_timer_start(weft_timer *t, weft_strand *s, uint64_t after_ns,
-                     uint64_t period_ns, weft_timer_fn fn, void *arg) {
+int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns,
+                        uint64_t period_ns, weft_timer_fn fn, void *arg) {
+  if (!t || !fn || (period_ns && deadline_ns > UINT64_MAX - period_ns))
+    return -EINVAL;
+  weft_rt *rt = weft__timer_rt(t);
+  struct weft__shard *home = home_of(t);
+  struct weft__shard *local = weft__local_begin(rt);
+  /* From outside the runtime, a firing queued at once must count as a
+   * post in flight, or a racing shutdown could finish without it. */
+  if (!local) {
+    int r = weft__foreign_enter(rt);
+    if (r)
+      return r;
+  }
+  pthread_mutex_lock(&home->tlock);
+  uint64_t before = weft__load(&home->timer_next, WA_RLX);
+  int r = start_locked(t, home, local, deadline_ns, period_ns, fn, arg);
+  pthread_mutex_unlock(&home->tlock);
+  weft__local_end(local);
+  if (!r)
+    maybe_kick(home, before);
+  if (!local)
+    weft__foreign_exit(rt);
+  return r;
+}
+
+int weft_timer_start(weft_timer *t, uint64_t after_ns, uint64_t period_ns,
+                     weft_timer_fn fn, void *arg) {
   uint64_t now = weft__now_ns();
   if (after_ns > UINT64_MAX - now)
     return -EINVAL;
-  return weft_timer_start_at(t, s, now + after_ns, period_ns, fn, arg);
+  return weft_timer_start_at(t, now + after_ns, period_ns, fn, arg);
 }
 
 int weft_timer_cancel(weft_timer *t) {
@@ -338,7 +375,7 @@ void weft_timer_destroy(weft_timer *t) {
   bool now = t->inflight == 0;
   pthread_mutex_unlock(&home->tlock);
   if (now)
-    timer_free(t);
+    obj_free(weft__timer_rt(t), t);
 }
 
 /* After a firing's handler: re-arm a periodic timer, or settle. Returns
@@ -349,13 +386,18 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
   pthread_mutex_lock(&home->tlock);
   t->inflight--;
   if (t->state == WEFT_T_FIRED && ran && t->period) {
-    if (weft__load(&t->rt->closing, WA_ACQ)) {
+    if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ)) {
       t->state = WEFT_T_IDLE;
       cancelled = true;
     } else {
+      /* start_at checked deadline + period; later sums saturate. */
       uint64_t now = weft__now_ns(), next = t->deadline + t->period;
       uint64_t missed = next <= now ? (now - next) / t->period + 1 : 0;
-      t->deadline = next + missed * t->period;
+      if (missed && missed > (UINT64_MAX - next) / t->period)
+        next = UINT64_MAX;
+      else
+        next += missed * t->period;
+      t->deadline = next;
       t->missed = missed > UINT32_MAX ? UINT32_MAX : (uint32_t)missed;
       t->state = WEFT_T_ARMED;
       uint64_t before = weft__load(&home->timer_next, WA_RLX);
@@ -375,65 +417,61 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
 }
 
 static void tramp(void *arg) {
-  weft_timer *t = arg;
+  struct firing *f = arg;
+  weft_timer *t = f->t;
+  weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
   struct weft__shard *home = home_of(t);
   pthread_mutex_lock(&home->tlock);
-  weft_timer_fn fn = t->fn;
-  void *a = t->arg;
-  uint64_t missed = t->missed;
   bool skip = t->destroyed;
   pthread_mutex_unlock(&home->tlock);
   if (!skip)
-    fn(a, 0, missed);
+    f->fn(f->arg, 0, f->missed);
   bool free_it;
   if (settle(t, !skip, &free_it))
-    fn(a, -ECANCELED, 0);
+    f->fn(f->arg, -ECANCELED, 0);
+  obj_free(rt, f);
   if (free_it)
-    timer_free(t);
+    obj_free(rt, t);
 }
 
 static void tramp_cancel(void *arg) {
-  weft_timer *t = arg;
+  struct firing *f = arg;
+  weft_timer *t = f->t;
+  weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
   struct weft__shard *home = home_of(t);
   pthread_mutex_lock(&home->tlock);
-  weft_timer_fn fn = t->fn;
-  void *a = t->arg;
   bool skip = t->destroyed;
   pthread_mutex_unlock(&home->tlock);
   if (!skip)
-    fn(a, -ECANCELED, 0);
+    f->fn(f->arg, -ECANCELED, 0);
   bool free_it;
   settle(t, false, &free_it);
+  obj_free(rt, f);
   if (free_it)
-    timer_free(t);
+    obj_free(rt, t);
 }
 
 void weft__timers_flush(weft_rt *rt) {
   struct weft__shard *local = weft__local_begin(rt);
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
-    for (;;) {
-      weft_timer *due[FIRE_BATCH];
-      unsigned n = 0;
-      pthread_mutex_lock(&sh->tlock);
-      struct weft__wheel *w = &sh->wheel;
-      for (unsigned l = 0; l < WEFT_WHEEL_LEVELS && n < FIRE_BATCH; l++) {
-        while (w->occupied[l] && n < FIRE_BATCH) {
-          unsigned s = (unsigned)__builtin_ctzll(w->occupied[l]);
-          weft_timer *t = (weft_timer *)w->slot[l][s].next;
+    struct weft__wheel *w = &sh->wheel;
+    pthread_mutex_lock(&sh->tlock);
+    for (unsigned l = 0; l < WEFT_WHEEL_LEVELS; l++) {
+      while (w->occupied[l]) {
+        unsigned s = (unsigned)__builtin_ctzll(w->occupied[l]);
+        weft_timer *t = (weft_timer *)w->slot[l][s].next;
+        wheel_remove(w, t);
+        fire_locked(t, sh, local, true);
+        if (t->state == WEFT_T_ARMED) { /* out of memory: drop it */
           wheel_remove(w, t);
-          t->state = WEFT_T_FIRED;
-          t->inflight++;
-          due[n++] = t;
+          t->state = WEFT_T_IDLE;
+          fprintf(stderr, "weft: out of memory cancelling a timer\n");
         }
       }
-      publish_next(sh);
-      pthread_mutex_unlock(&sh->tlock);
-      for (unsigned k = 0; k < n; k++)
-        queue_firing(due[k], local, true);
-      if (n < FIRE_BATCH)
-        break;
     }
+    publish_next(sh);
+    pthread_mutex_unlock(&sh->tlock);
   }
   weft__local_end(local);
 }

@@ -216,8 +216,8 @@ static void test_saturated_pool(void **state) {
         assert_true(g_jobs[i].id != g_jobs[k].id);
   tu_phase("blocking: strands and a timer while the pool is saturated");
   weft_timer *tm;
-  assert_int_equal(weft_timer_create(rt, &tm), 0);
-  assert_int_equal(weft_timer_start(tm, NULL, 2000000, 0, side_timer, NULL), 0);
+  assert_int_equal(weft_timer_create(rt, NULL, &tm), 0);
+  assert_int_equal(weft_timer_start(tm, 2000000, 0, side_timer, NULL), 0);
   for (unsigned i = 0; i < NSIDE; i++) {
     tu_strand_create(rt, &g_side[i].s);
     atomic_store(&g_side[i].next, 0);

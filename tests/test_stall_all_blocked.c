@@ -155,15 +155,15 @@ static void run_all_blocked(unsigned workers) {
   }
   for (unsigned i = 0; i < NTIMERS; i++) {
     ttimer *t = &g_timers[i];
-    assert_int_equal(weft_timer_create(rt, &t->t), 0);
     t->s = (i % 2) ? g_chains[i].s : NULL;
+    assert_int_equal(weft_timer_create(rt, t->s, &t->t), 0);
   }
   for (unsigned i = 0; i < NCHAINS; i++)
     assert_int_equal(weft_post(g_chains[i].s, chain_link, &g_links[i][0]), 0);
   for (unsigned i = 0; i < NTIMERS; i++) {
     ttimer *t = &g_timers[i];
     uint64_t after = (1 + i % 5) * 1000000ull;
-    assert_int_equal(weft_timer_start(t->t, t->s, after, 0, timer_fn, t), 0);
+    assert_int_equal(weft_timer_start(t->t, after, 0, timer_fn, t), 0);
   }
 
   tu_wait_count(&g_chain_done, (uint64_t)NCHAINS * DEPTH,

@@ -185,9 +185,9 @@ static void run_stall_shutdown(int how) {
       tu_wait_count(&g_work_entered, NRUNNING, "running jobs to start");
   }
   weft_timer *tm;
-  assert_int_equal(weft_timer_create(rt, &tm), 0);
+  assert_int_equal(weft_timer_create(rt, NULL, &tm), 0);
   assert_int_equal(
-      weft_timer_start(tm, NULL, 3600ull * 1000000000u, 0, timer_fn, NULL), 0);
+      weft_timer_start(tm, 3600ull * 1000000000u, 0, timer_fn, NULL), 0);
   /* All pool threads are stuck: the queued jobs have not started. */
   for (unsigned i = NRUNNING; i < NRUNNING + NQUEUED; i++)
     assert_int_equal(atomic_load(&g_jobs[i].started), 0);

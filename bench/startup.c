@@ -1,0 +1,337 @@
+/*
+ * startup - what a whole runtime life costs with many threads.
+ *
+ * One cycle: weft_rt_create with --threads workers (default 64), one
+ * weft_post_rt handler posted and waited for (the waiting thread sleeps on
+ * a condition variable), weft_rt_shutdown(WEFT_SHUTDOWN_DRAIN),
+ * weft_rt_destroy. One untimed cycle first, then --repeat timed ones.
+ *
+ *  ms_per_cycle:     wall time / repeat.
+ *  cpu_ms_per_cycle: getrusage(RUSAGE_SELF) user + system over the timed
+ *                    cycles / repeat (all threads, the joined ones too).
+ *  pinned_*:         the same in a child (this program re-executed with a
+ *                    hidden --child-pinned flag) that first of all pins
+ *                    itself to CPU 0 with sched_setaffinity, so all the
+ *                    threads share one CPU: whoever waits by spinning
+ *                    shows up here as time, not just CPU.
+ *
+ * CPU above wall time on one CPU is impossible; CPU well above the wall
+ * time with several CPUs means threads burn CPU while they wait.
+ *
+ * The same cycles run on Asio (build/bench/peers/asio_startup, normal and
+ * --pin) when it was built; ratios are weft / asio (below 1: weft cheaper).
+ *
+ * The four set-ups (weft, weft pinned, asio, asio pinned) take turns for
+ * --rounds rounds of --repeat cycles each; every figure is the median over
+ * the rounds, so that a noisy spell of a shared machine does not land on
+ * one set-up only.
+ *   build/bench/startup [--threads 64] [--repeat 20] [--rounds 5] [--no-peer]
+ * The last line is one JSON object.
+ */
+#include <weft.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+static uint64_t mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t cpu_ns(void) {
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) *
+             1000000000u +
+         ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) *
+             1000u;
+}
+
+static void check(int r, const char *what) {
+  if (r) {
+    fprintf(stderr, "startup: %s: %s\n", what, weft_strerror(r));
+    exit(1);
+  }
+}
+
+struct flag {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool set;
+};
+
+static void signal_flag(void *arg) {
+  struct flag *f = arg;
+  pthread_mutex_lock(&f->lock);
+  f->set = true;
+  pthread_cond_signal(&f->cond);
+  pthread_mutex_unlock(&f->lock);
+}
+
+static void cycle(unsigned threads) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = threads;
+  weft_rt *rt;
+  check(weft_rt_create(&rt, &cfg), "weft_rt_create");
+  struct flag f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
+  check(weft_post_rt(rt, signal_flag, &f), "weft_post_rt");
+  pthread_mutex_lock(&f.lock);
+  while (!f.set)
+    pthread_cond_wait(&f.cond, &f.lock);
+  pthread_mutex_unlock(&f.lock);
+  check(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), "weft_rt_shutdown");
+  check(weft_rt_destroy(rt), "weft_rt_destroy");
+  pthread_mutex_destroy(&f.lock);
+  pthread_cond_destroy(&f.cond);
+}
+
+/* Wall and CPU ms per cycle. */
+static void measure(unsigned threads, int repeat, double *ms, double *cpu_ms) {
+  cycle(threads); /* untimed: first-use costs of the process */
+  uint64_t c0 = cpu_ns(), t0 = mono_ns();
+  for (int i = 0; i < repeat; i++)
+    cycle(threads);
+  uint64_t t1 = mono_ns(), c1 = cpu_ns();
+  *ms = (double)(t1 - t0) / 1e6 / repeat;
+  *cpu_ms = (double)(c1 - c0) / 1e6 / repeat;
+}
+
+static int pin_cpu0(void) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(0, &set);
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    perror("startup: sched_setaffinity(CPU 0)");
+    return -1;
+  }
+  return 0;
+}
+
+/* Runs argv[0] with argv and returns its stdout (malloc'd), or NULL if it
+ * could not start or did not exit with 0. */
+static char *run_capture(char *const argv[]) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    return NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  pid_t pid;
+  int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (r) {
+    close(fds[0]);
+    return NULL;
+  }
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  ssize_t k;
+  while (buf && (k = read(fds[0], buf + len, cap - 1 - len)) > 0) {
+    len += (size_t)k;
+    if (cap - 1 - len == 0) {
+      char *nb = realloc(buf, cap *= 2);
+      if (!nb)
+        free(buf);
+      buf = nb;
+    }
+  }
+  close(fds[0]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  if (!buf || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    free(buf);
+    return NULL;
+  }
+  buf[len] = 0;
+  return buf;
+}
+
+/* Reads "KEY":number from a JSON line. */
+static bool json_num(const char *s, const char *key, double *out) {
+  char k[64];
+  snprintf(k, sizeof(k), "\"%s\":", key);
+  const char *p = strstr(s, k);
+  if (!p)
+    return false;
+  *out = strtod(p + strlen(k), NULL);
+  return true;
+}
+
+/* Runs `prog` (this program or the peer) and reads its two figures. */
+static bool run_child(const char *prog, bool self, bool pin, unsigned threads,
+                      int repeat, double *ms, double *cpu_ms) {
+  char a_th[16], a_rep[16];
+  snprintf(a_th, sizeof(a_th), "%u", threads);
+  snprintf(a_rep, sizeof(a_rep), "%d", repeat);
+  char *argv[8];
+  int n = 0;
+  argv[n++] = (char *)prog;
+  if (self)
+    argv[n++] = "--child-pinned";
+  else if (pin)
+    argv[n++] = "--pin";
+  argv[n++] = "--threads";
+  argv[n++] = a_th;
+  argv[n++] = "--repeat";
+  argv[n++] = a_rep;
+  argv[n] = NULL;
+  char *out = run_capture(argv);
+  if (!out)
+    return false;
+  bool ok = json_num(out, "ms_per_cycle", ms) &&
+            json_num(out, "cpu_ms_per_cycle", cpu_ms);
+  free(out);
+  return ok;
+}
+
+static const char *peer_path(char *buf, size_t size) {
+  const char *dir = getenv("WEFT_PEER_DIR");
+#ifdef WEFT_PEER_DIR
+  if (!dir)
+    dir = WEFT_PEER_DIR;
+#endif
+  if (!dir)
+    return NULL;
+  snprintf(buf, size, "%s/asio_startup", dir);
+  return access(buf, X_OK) == 0 ? buf : NULL;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Median of v[0..n), and its smallest and largest values. */
+static double median(const double *v, int n, double *lo, double *hi) {
+  double s[64];
+  memcpy(s, v, (size_t)n * sizeof(*v));
+  qsort(s, (size_t)n, sizeof(*s), cmp_dbl);
+  *lo = s[0];
+  *hi = s[n - 1];
+  return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+}
+
+enum { W_MS, W_CPU, WP_MS, WP_CPU, A_MS, A_CPU, AP_MS, AP_CPU, NFIG };
+
+int main(int argc, char **argv) {
+  unsigned threads = 64;
+  int repeat = 20, rounds = 5;
+  bool peer = true, child_pinned = false;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+      threads = (unsigned)atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--repeat") && i + 1 < argc)
+      repeat = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--rounds") && i + 1 < argc)
+      rounds = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--no-peer"))
+      peer = false;
+    else if (!strcmp(argv[i], "--child-pinned"))
+      child_pinned = true;
+    else {
+      fprintf(stderr, "usage: startup [--threads N] [--repeat R] "
+                      "[--rounds K] [--no-peer]\n");
+      return 2;
+    }
+  }
+  if (threads < 1 || threads > WEFT_MAX_WORKERS || repeat < 1 || rounds < 1 ||
+      rounds > 64) {
+    fprintf(stderr,
+            "startup: --threads 1..%d, --repeat >= 1, --rounds "
+            "1..64\n",
+            WEFT_MAX_WORKERS);
+    return 2;
+  }
+  if (child_pinned) {
+    if (pin_cpu0() != 0)
+      return 1;
+    double ms, cpu;
+    measure(threads, repeat, &ms, &cpu);
+    printf("{\"ms_per_cycle\":%.4f,\"cpu_ms_per_cycle\":%.4f}\n", ms, cpu);
+    return 0;
+  }
+
+  char pbuf[4096];
+  const char *ppath = peer ? peer_path(pbuf, sizeof(pbuf)) : NULL;
+  bool have = ppath != NULL;
+  double fig[NFIG][64];
+  /* The four set-ups take turns, round after round, so that a noisy spell
+   * of the machine lands on all of them rather than on one; each figure is
+   * the median over the rounds of that round's mean per cycle. */
+  for (int r = 0; r < rounds; r++) {
+    measure(threads, repeat, &fig[W_MS][r], &fig[W_CPU][r]);
+    if (!run_child("/proc/self/exe", true, true, threads, repeat,
+                   &fig[WP_MS][r], &fig[WP_CPU][r])) {
+      fprintf(stderr, "startup: pinned child failed\n");
+      return 1;
+    }
+    if (have && !(run_child(ppath, false, false, threads, repeat, &fig[A_MS][r],
+                            &fig[A_CPU][r]) &&
+                  run_child(ppath, false, true, threads, repeat, &fig[AP_MS][r],
+                            &fig[AP_CPU][r]))) {
+      fprintf(stderr, "startup: %s failed; no peer figures\n", ppath);
+      have = false;
+    }
+  }
+  double med[NFIG], lo[NFIG], hi[NFIG];
+  for (int f = 0; f < NFIG; f++)
+    if (f < A_MS || have)
+      med[f] = median(fig[f], rounds, &lo[f], &hi[f]);
+
+  printf("weft: %u threads, create+post+drain+destroy: %.3f ms/cycle "
+         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
+         threads, med[W_MS], lo[W_MS], hi[W_MS], med[W_CPU], lo[W_CPU],
+         hi[W_CPU]);
+  printf("      pinned to CPU 0:                     %.3f ms/cycle "
+         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
+         med[WP_MS], lo[WP_MS], hi[WP_MS], med[WP_CPU], lo[WP_CPU], hi[WP_CPU]);
+  if (have) {
+    printf("asio: %u threads, io_context+post+stop+join:  %.3f ms/cycle "
+           "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
+           threads, med[A_MS], lo[A_MS], hi[A_MS], med[A_CPU], lo[A_CPU],
+           hi[A_CPU]);
+    printf("      pinned to CPU 0:                     %.3f ms/cycle "
+           "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
+           med[AP_MS], lo[AP_MS], hi[AP_MS], med[AP_CPU], lo[AP_CPU],
+           hi[AP_CPU]);
+  }
+  printf("(medians over %d rounds of %d cycles, min..max in brackets)\n",
+         rounds, repeat);
+  if (med[W_CPU] > med[W_MS] * 1.05 || med[WP_CPU] > med[WP_MS] * 1.05)
+    printf("note: weft's CPU per cycle exceeds its wall time: threads burn "
+           "CPU while they wait\n");
+  printf("{\"bench\":\"startup\",\"threads\":%u,\"repeat\":%d,\"rounds\":%d,"
+         "\"ms_per_cycle\":%.4f,\"cpu_ms_per_cycle\":%.4f,"
+         "\"pinned_ms_per_cycle\":%.4f,\"pinned_cpu_ms_per_cycle\":%.4f",
+         threads, repeat, rounds, med[W_MS], med[W_CPU], med[WP_MS],
+         med[WP_CPU]);
+  if (have)
+    printf(",\"asio_ms_per_cycle\":%.4f,\"asio_cpu_ms_per_cycle\":%.4f,"
+           "\"asio_pinned_ms_per_cycle\":%.4f,"
+           "\"asio_pinned_cpu_ms_per_cycle\":%.4f,"
+           "\"ms_ratio\":%.3f,\"cpu_ratio\":%.3f,"
+           "\"pinned_ms_ratio\":%.3f,\"pinned_cpu_ratio\":%.3f",
+           med[A_MS], med[A_CPU], med[AP_MS], med[AP_CPU],
+           med[W_MS] / med[A_MS], med[W_CPU] / med[A_CPU],
+           med[WP_MS] / med[AP_MS], med[WP_CPU] / med[AP_CPU]);
+  printf("}\n");
+  return 0;
+}

@@ -1,0 +1,455 @@
+/*
+ * timer_lateness - how late weft's periodic timers fire, against the kernel
+ * floor and against Asio and libuv, in one run.
+ *
+ *  weft: a runtime of --threads workers; --timers periodic timers, each on
+ *    its own strand, period --period-us, first deadlines spread evenly over
+ *    one period. Each handler records lateness = weft_now_ns() at entry
+ *    minus its scheduled deadline (first + k * period, k counting firings
+ *    plus missed periods). --busy K strands run ~1 us handlers that re-post
+ *    themselves, so timers compete with work; --blocked K strands each run
+ *    one handler that sleeps through the whole measurement.
+ *  floor: the same timers with no runtime: --threads threads, each owning
+ *    every threads-th timer in deadline order, 1 ns timer slack, sleeping to
+ *    the next deadline (a) with clock_nanosleep(TIMER_ABSTIME), (b) with an
+ *    absolute timerfd and epoll_wait. Each variant runs --seconds / 2; the
+ *    floor is the variant with the lower p99. No busy or blocked work.
+ *  peers: build/bench/peers/asio_timer_lateness and uv_timer_lateness, run
+ *    with the same flags when built (--no-peer skips them).
+ *
+ * Samples: after a 0.2 s warm-up, deadlines in a window of --seconds;
+ * nearest-rank percentiles; "missed" counts periods skipped by a timer more
+ * than a period late. weft's counters go to stderr. The last line is one JSON
+ * object; ratios are weft's p99 over the other's (below 1: weft is better).
+ *   build/bench/timer_lateness [--timers T] [--period-us P] [--seconds S]
+ *     [--threads N] [--busy K] [--blocked K] [--no-peer]
+ */
+#include <weft.h>
+
+#include <errno.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/timerfd.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define WARMUP_NS 200000000ull
+#define LEAD_NS 20000000ull /* set-up time before the first deadline */
+
+struct opts {
+  unsigned timers, period_us, threads, busy, blocked;
+  double seconds;
+  bool peers;
+};
+
+struct result {
+  double p50, p99, max;
+  unsigned long long n, missed;
+  bool ok;
+};
+
+/* Lateness samples: timer i owns v[i * cap ...], n[i] of them; only
+ * deadlines in [from, to) count. A timer is served by one thread at a time
+ * (its strand, its floor thread), so no atomics. */
+struct samples {
+  int64_t *v;
+  uint32_t *n;
+  size_t cap;
+  uint64_t from, to;
+};
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t) {
+  struct timespec ts = {(time_t)(t / 1000000000u), (long)(t % 1000000000u)};
+  while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+    ;
+}
+
+static void die(const char *what, int err) {
+  fprintf(stderr, "timer_lateness: %s: %s\n", what, weft_strerror(err));
+  exit(1);
+}
+
+static uint64_t first_deadline(const struct opts *o, uint64_t t0, unsigned i) {
+  return t0 + (uint64_t)i * o->period_us * 1000 / o->timers;
+}
+
+static void samples_init(struct samples *s, const struct opts *o, uint64_t t0,
+                         double seconds) {
+  s->from = t0 + WARMUP_NS;
+  s->to = s->from + (uint64_t)(seconds * 1e9);
+  s->cap = (s->to - s->from) / (o->period_us * 1000ull) + 2;
+  s->v = malloc((size_t)o->timers * s->cap * sizeof(*s->v));
+  s->n = calloc(o->timers, sizeof(*s->n));
+  if (!s->v || !s->n)
+    die("samples", -ENOMEM);
+}
+
+/* Records a sample of timer i; false if its deadline is not in the window. */
+static inline bool record(struct samples *s, unsigned i, uint64_t deadline,
+                          uint64_t now) {
+  if (deadline < s->from || deadline >= s->to)
+    return false;
+  if (s->n[i] < s->cap)
+    s->v[i * s->cap + s->n[i]++] = (int64_t)(now - deadline);
+  return true;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Percentiles of all samples, in us; frees them. */
+static struct result summarize(struct samples *s, unsigned timers,
+                               uint64_t missed) {
+  struct result r = {.missed = missed};
+  size_t n = 0;
+  for (unsigned i = 0; i < timers; i++) {
+    memmove(s->v + n, s->v + i * s->cap, s->n[i] * sizeof(*s->v));
+    n += s->n[i];
+  }
+  if ((r.ok = n > 0)) {
+    qsort(s->v, n, sizeof(*s->v), cmp_i64);
+    r.p50 = s->v[n / 2] / 1e3;
+    r.p99 = s->v[(n * 99) / 100] / 1e3;
+    r.max = s->v[n - 1] / 1e3;
+  }
+  r.n = n;
+  free(s->v);
+  free(s->n);
+  return r;
+}
+
+/* ---- weft ---- */
+
+static struct samples wsamples;
+static uint64_t wperiod;
+static atomic_bool stop;
+
+struct wtimer {
+  weft_timer *t;
+  weft_strand *s;
+  uint64_t first, k, missed;
+  unsigned i;
+};
+
+static void on_timer(void *arg, int status, uint64_t missed) {
+  uint64_t now = weft_now_ns();
+  struct wtimer *w = arg;
+  if (status)
+    return;
+  w->k += missed;
+  if (record(&wsamples, w->i, w->first + w->k++ * wperiod, now))
+    w->missed += missed;
+}
+
+static void busy(void *arg) {
+  uint64_t end = now_ns() + 1000;
+  while (now_ns() < end)
+    ;
+  int r = atomic_load_explicit(&stop, memory_order_relaxed)
+              ? 0
+              : weft_post(arg, busy, arg);
+  if (r && r != -ESHUTDOWN)
+    die("weft_post", r);
+}
+
+static void blocked(void *arg) {
+  (void)arg;
+  while (!atomic_load(&stop))
+    usleep(1000);
+}
+
+static struct result run_weft(const struct opts *o) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = o->threads;
+  weft_rt *rt;
+  weft_strand *s;
+  int r = weft_rt_create(&rt, &cfg);
+  if (r)
+    die("weft_rt_create", r);
+  wperiod = o->period_us * 1000ull;
+  struct wtimer *w = calloc(o->timers, sizeof(*w));
+  if (!w)
+    die("calloc", -ENOMEM);
+  for (unsigned i = 0; i < o->timers; i++)
+    if ((r = weft_strand_create(rt, &w[i].s)) ||
+        (r = weft_timer_create(rt, w[i].s, &w[i].t)))
+      die("create", r);
+  for (unsigned i = 0; i < o->busy + o->blocked; i++)
+    if ((r = weft_strand_create(rt, &s)) ||
+        (r = weft_post(s, i < o->busy ? busy : blocked, s)))
+      die("post", r);
+  uint64_t t0 = now_ns() + LEAD_NS;
+  samples_init(&wsamples, o, t0, o->seconds);
+  for (unsigned i = 0; i < o->timers; i++) {
+    w[i].i = i;
+    w[i].first = first_deadline(o, t0, i);
+    if ((r = weft_timer_start_at(w[i].t, w[i].first, wperiod, on_timer, &w[i])))
+      die("weft_timer_start_at", r);
+  }
+  sleep_until(wsamples.to + LEAD_NS);
+  atomic_store(&stop, true);
+  weft_stats st;
+  weft_rt_stats(rt, &st);
+  fprintf(stderr, "weft: timers_fired %llu parks %llu steals %llu\n",
+          (unsigned long long)st.total.timers_fired,
+          (unsigned long long)st.total.parks,
+          (unsigned long long)st.total.steals);
+  /* The strands are left to weft_rt_destroy, which frees them. */
+  for (unsigned i = 0; i < o->timers; i++)
+    weft_timer_destroy(w[i].t);
+  if ((r = weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN)))
+    die("weft_rt_shutdown", r);
+  weft_rt_destroy(rt);
+  uint64_t missed = 0;
+  for (unsigned i = 0; i < o->timers; i++)
+    missed += w[i].missed;
+  free(w);
+  return summarize(&wsamples, o->timers, missed);
+}
+
+/* ---- kernel floor ---- */
+
+struct floor_arg {
+  const struct opts *o;
+  struct samples *s;
+  uint64_t t0;
+  unsigned j, nt;
+  bool tfd;
+};
+
+static void *floor_thread(void *p) {
+  struct floor_arg *a = p;
+  const struct opts *o = a->o;
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  /* Timers j, j + nt, j + 2 nt ...: a ring in deadline order. */
+  unsigned n = (o->timers - a->j + a->nt - 1) / a->nt, c = 0;
+  uint64_t *next = malloc(n * sizeof(*next));
+  if (!next)
+    die("malloc", -ENOMEM);
+  for (unsigned m = 0; m < n; m++)
+    next[m] = first_deadline(o, a->t0, a->j + m * a->nt);
+  struct epoll_event ev = {.events = EPOLLIN};
+  int fd = a->tfd ? timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC) : -1;
+  int ep = a->tfd ? epoll_create1(EPOLL_CLOEXEC) : -1;
+  if (a->tfd && (fd < 0 || ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev)))
+    die("timerfd/epoll", -errno);
+  for (uint64_t d; (d = next[c]) < a->s->to;) {
+    uint64_t t = now_ns(), x;
+    if (t < d && !a->tfd) {
+      sleep_until(d);
+      t = now_ns();
+    } else if (t < d) {
+      struct itimerspec its = {
+          .it_value = {(time_t)(d / 1000000000u), (long)(d % 1000000000u)}};
+      timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, NULL);
+      while (epoll_wait(ep, &ev, 1, -1) < 0 && errno == EINTR)
+        ;
+      if (read(fd, &x, sizeof(x)) < 0)
+        die("read timerfd", -errno);
+      t = now_ns();
+    }
+    record(a->s, a->j + c * a->nt, d, t);
+    next[c] += o->period_us * 1000ull;
+    c = c + 1 == n ? 0 : c + 1;
+  }
+  close(fd); /* -1 without tfd: harmless */
+  close(ep);
+  free(next);
+  return NULL;
+}
+
+static struct result run_floor(const struct opts *o, bool tfd) {
+  struct samples s;
+  unsigned nt = o->threads < o->timers ? o->threads : o->timers;
+  pthread_t th[WEFT_MAX_WORKERS];
+  struct floor_arg a[WEFT_MAX_WORKERS];
+  uint64_t t0 = now_ns() + LEAD_NS;
+  samples_init(&s, o, t0, o->seconds / 2);
+  for (unsigned j = 0; j < nt; j++) {
+    a[j] = (struct floor_arg){o, &s, t0, j, nt, tfd};
+    if (pthread_create(&th[j], NULL, floor_thread, &a[j]))
+      die("pthread_create", -EAGAIN);
+  }
+  for (unsigned j = 0; j < nt; j++)
+    pthread_join(th[j], NULL);
+  return summarize(&s, o->timers, 0);
+}
+
+/* ---- peers ---- */
+
+static double json_num(const char *line, const char *key) {
+  char k[64];
+  snprintf(k, sizeof(k), "\"%s\":", key);
+  const char *p = strstr(line, k);
+  return p ? strtod(p + strlen(k), NULL) : 0;
+}
+
+/* Runs build/bench/peers/NAME with the same flags; reads its last line. */
+static struct result run_peer(const struct opts *o, const char *name) {
+  struct result r = {.ok = false};
+  const char *dir = getenv("WEFT_PEER_DIR");
+#ifdef WEFT_PEER_DIR
+  dir = dir ? dir : WEFT_PEER_DIR;
+#endif
+  char path[4096], v[6][32];
+  snprintf(path, sizeof(path), "%s/%s", dir ? dir : "", name);
+  if (!dir || access(path, X_OK) != 0)
+    return r;
+  unsigned u[6] = {o->timers, o->period_us, o->threads, o->busy, o->blocked, 0};
+  for (int i = 0; i < 5; i++)
+    snprintf(v[i], sizeof(v[i]), "%u", u[i]);
+  snprintf(v[5], sizeof(v[5]), "%g", o->seconds);
+  char *argv[] = {path, "--timers", v[0], "--period-us", v[1], "--threads",
+                  v[2], "--busy",   v[3], "--blocked",   v[4], "--seconds",
+                  v[5], NULL};
+  int fds[2];
+  if (pipe(fds) != 0)
+    return r;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  pid_t pid;
+  int e = posix_spawn(&pid, path, &fa, NULL, argv, environ), st = 0;
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  static char buf[65536];
+  size_t len = 0;
+  ssize_t k;
+  while (!e && (k = read(fds[0], buf + len, sizeof(buf) - 1 - len)) > 0)
+    len += (size_t)k;
+  close(fds[0]);
+  if (e || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+    return r;
+  while (len && buf[len - 1] == '\n')
+    len--;
+  buf[len] = 0;
+  char *line = strrchr(buf, '\n');
+  line = line ? line + 1 : buf;
+  if (!strstr(line, "\"p99_us\":"))
+    return r;
+  r = (struct result){json_num(line, "p50_us"), json_num(line, "p99_us"),
+                      json_num(line, "max_us"), json_num(line, "samples"),
+                      json_num(line, "missed"), true};
+  return r;
+}
+
+/* ---- main ---- */
+
+static void usage(void) {
+  fprintf(stderr, "usage: timer_lateness [--timers T] [--period-us P] "
+                  "[--seconds S] [--threads N] [--busy K] [--blocked K] "
+                  "[--no-peer]\n");
+  exit(2);
+}
+
+static unsigned num(const char *v, unsigned lo, unsigned hi) {
+  char *end;
+  unsigned long x = strtoul(v, &end, 10);
+  if (!*v || *v == '-' || *end || x < lo || x > hi)
+    usage();
+  return (unsigned)x;
+}
+
+static void parse(int argc, char **argv, struct opts *o) {
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+    char *end;
+    i += strcmp(a, "--no-peer") != 0; /* the others take a value */
+    if (!strcmp(a, "--no-peer"))
+      o->peers = false;
+    else if (!strcmp(a, "--timers"))
+      o->timers = num(v, 1, 1000000);
+    else if (!strcmp(a, "--period-us"))
+      o->period_us = num(v, 10, 10000000);
+    else if (!strcmp(a, "--threads"))
+      o->threads = num(v, 1, WEFT_MAX_WORKERS);
+    else if (!strcmp(a, "--busy"))
+      o->busy = num(v, 0, 1024);
+    else if (!strcmp(a, "--blocked"))
+      o->blocked = num(v, 0, 64);
+    else if (strcmp(a, "--seconds") || (o->seconds = strtod(v, &end), *end) ||
+             !(o->seconds >= 0.1 && o->seconds <= 600))
+      usage();
+  }
+  if (o->timers * (o->seconds * 1e3 / o->period_us + 2) > 2e8) {
+    fprintf(stderr, "timer_lateness: more than 2e8 samples\n");
+    exit(2);
+  }
+}
+
+/* Prints r as a table row and appends it to the JSON line in js. */
+static char js[4096];
+static void emit(const char *name, const char *prefix, const struct result *r) {
+  printf("%-16s %10.2f %10.2f %10.2f %10llu %8llu\n", name, r->p50, r->p99,
+         r->max, r->n, r->missed);
+  size_t l = strlen(js);
+  snprintf(js + l, sizeof(js) - l,
+           ",\"%sp50_us\":%.2f,\"%sp99_us\":%.2f,\"%smax_us\":%.2f,"
+           "\"%ssamples\":%llu,\"%smissed\":%llu",
+           prefix, r->p50, prefix, r->p99, prefix, r->max, prefix, r->n, prefix,
+           r->missed);
+}
+
+int main(int argc, char **argv) {
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 3, true};
+  parse(argc, argv, &o);
+  struct result w = run_weft(&o), pa = {0}, pu = {0};
+  struct result fa = run_floor(&o, false), fb = run_floor(&o, true);
+  const struct result *f = fb.ok && (!fa.ok || fb.p99 < fa.p99) ? &fb : &fa;
+  if (o.peers) {
+    pa = run_peer(&o, "asio_timer_lateness");
+    pu = run_peer(&o, "uv_timer_lateness");
+  }
+  printf("timer_lateness: %u timers, period %u us, %g s, %u threads, busy "
+         "%u, blocked %u; lateness in us\n%-16s %10s %10s %10s %10s %8s\n",
+         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked, "",
+         "p50", "p99", "max", "samples", "missed");
+  emit("weft", "", &w);
+  size_t l = strlen(js);
+  snprintf(js + l, sizeof(js) - l,
+           ",\"floor_p50_us\":%.2f,\"floor_p99_us\":%.2f,\"floor_max_us\":"
+           "%.2f,\"floor_variant\":\"%s\",\"p99_vs_floor\":%.3f",
+           f->p50, f->p99, f->max, f == &fb ? "timerfd" : "nanosleep",
+           f->p99 > 0 ? w.p99 / f->p99 : 0);
+  emit("floor nanosleep", "floor_nanosleep_", &fa);
+  emit("floor timerfd", "floor_timerfd_", &fb);
+  const char *names[2] = {"asio", "uv"};
+  struct result *p[2] = {&pa, &pu};
+  for (int i = 0; i < 2; i++) {
+    char pre[8];
+    snprintf(pre, sizeof(pre), "%s_", names[i]);
+    if (!p[i]->ok) {
+      printf("%-16s %10s\n", names[i], "-");
+      continue;
+    }
+    emit(names[i], pre, p[i]);
+    l = strlen(js);
+    snprintf(js + l, sizeof(js) - l, ",\"p99_vs_%s\":%.3f", names[i],
+             p[i]->p99 > 0 ? w.p99 / p[i]->p99 : 0);
+  }
+  printf("{\"bench\":\"timer_lateness\",\"timers\":%u,\"period_us\":%u,"
+         "\"seconds\":%g,\"threads\":%u,\"busy\":%u,\"blocked\":%u%s}\n",
+         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked, js);
+  return 0;
+}
