@@ -212,8 +212,7 @@ static void maybe_spawn(weft_rt *rt, struct weft__blocking *b) {
 }
 
 int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
-                  weft_strand *done_strand, weft_done_fn done,
-                  weft_job *job) {
+                  weft_strand *done_strand, weft_done_fn done, weft_job *job) {
   if (!rt || !work || !done)
     return -EINVAL;
   if (done_strand && done_strand->rt != rt)

@@ -298,9 +298,9 @@ struct weft_rt {
   _Atomic uint32_t done;            /* all accepted work finished */
   _Atomic int64_t foreign_inflight; /* posts from outside in progress */
   _Atomic uint64_t foreign_strands_created, foreign_strands_freed;
-  _Atomic int64_t lost_inflight; /* handlers running on threads that lost
-                                    their shard to a handoff */
-  _Atomic int64_t blocking_inflight; /* blocking jobs accepted, not done */
+  _Atomic int64_t lost_inflight;        /* handlers running on threads that lost
+                                           their shard to a handoff */
+  _Atomic int64_t blocking_inflight;    /* blocking jobs accepted, not done */
   _Atomic uint64_t orphan_handlers_run; /* run by threads after a handoff */
   _Atomic uint64_t orphan_handlers_cancelled;
   _Atomic uint64_t foreign_timers_fired;

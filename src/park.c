@@ -59,8 +59,8 @@ void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
    * relative-time drift between reading the clock and sleeping. */
   struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
                         .tv_nsec = (long)(deadline_ns % 1000000000u)};
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_BITSET_PRIVATE, expected,
-          &ts, NULL, FUTEX_BITSET_MATCH_ANY);
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_BITSET_PRIVATE, expected, &ts,
+          NULL, FUTEX_BITSET_MATCH_ANY);
 }
 
 void weft__kick(struct weft__shard *sh) {

@@ -60,7 +60,8 @@ void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns) {
 }
 
 static inline struct weft__shard *home_of(weft_timer *t) {
-  uintptr_t h = (uintptr_t)(weft__timer_strand(t) ? t->owner : (uintptr_t)t) >> 6;
+  uintptr_t h =
+      (uintptr_t)(weft__timer_strand(t) ? t->owner : (uintptr_t)t) >> 6;
   h ^= h >> 17;
   weft_rt *rt = weft__timer_rt(t);
   return &rt->shards[h % rt->nshards];
@@ -311,8 +312,8 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
   return 0;
 }
 
-int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns,
-                        uint64_t period_ns, weft_timer_fn fn, void *arg) {
+int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
+                        weft_timer_fn fn, void *arg) {
   if (!t || !fn || (period_ns && deadline_ns > UINT64_MAX - period_ns))
     return -EINVAL;
   weft_rt *rt = weft__timer_rt(t);

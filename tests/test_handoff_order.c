@@ -346,7 +346,7 @@ typedef struct rel {
 static void rel_maybe_release(rel *r) {
   if (atomic_fetch_add(&r->second, 1) == 1) {
     sleep_us(200);
-    weft_timer_destroy(r->t); /* a strand outlives its timers (weft.h) */
+    weft_timer_destroy(r->t);  /* a strand outlives its timers (weft.h) */
     weft_strand_release(r->s); /* from its own handler */
   }
 }
