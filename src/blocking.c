@@ -117,7 +117,7 @@ static void deliver(weft_rt *rt, struct job *j) {
   n->cancel = done_handler; /* a finished job reports its result anyway */
   n->arg = j;
   if (j->strand)
-    weft__strand_push(j->strand, local, n);
+    weft__strand_push(j->strand, local, n, false);
   else
     weft__schedule(rt, local, (weft__item)n | WEFT_ITEM_NODE);
   weft__local_end(local);

@@ -205,6 +205,9 @@ struct weft__thread;
 
 struct weft__shard {
   struct weft__runq rq;
+  /* Timer firings: served before rq, so a timer's handler does not wait
+   * behind busy strands' batches. Stolen like rq. */
+  struct weft__runq prq;
   weft_rt *rt;
   unsigned idx;
   _Atomic(struct weft__thread *) owner;
@@ -403,13 +406,15 @@ void weft__blocking_stats(weft_rt *rt, weft_stats *out);
 
 /* Scheduling (shard.c). */
 void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it);
+/* The same for a timer firing: to the shard's priority ring. */
+void weft__schedule_prio(weft_rt *rt, struct weft__shard *local, weft__item it);
 void weft__thread_main_loop(struct weft__thread *t);
 void *weft__thread_entry(void *arg);
 
 /* Strands (strand.c). Push without the shutdown check: for work that was
  * already accepted (timer firings). */
 void weft__strand_push(weft_strand *s, struct weft__shard *local,
-                       struct weft__node *n);
+                       struct weft__node *n, bool prio);
 void weft__strand_run(struct weft__shard *sh, weft_strand *s);
 void weft__node_run(struct weft__shard *sh, struct weft__node *n);
 

@@ -161,7 +161,7 @@ static bool work_visible(weft_rt *rt) {
   if (weft__load(&rt->inject.len, WA_SC) > 0)
     return true;
   for (unsigned i = 0; i < rt->nshards; i++)
-    if (weft__runq_len(&rt->shards[i].rq))
+    if (weft__runq_len(&rt->shards[i].rq) || weft__runq_len(&rt->shards[i].prq))
       return true;
   return false;
 }

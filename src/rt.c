@@ -226,6 +226,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     struct weft__shard *sh = &rt->shards[i];
     struct weft__thread *t = &rt->threads[i];
     weft__runq_init(&sh->rq);
+    weft__runq_init(&sh->prq);
     pthread_mutex_init(&sh->tlock, NULL);
     weft__wheel_init(&sh->wheel, now);
     weft__store(&sh->timer_next, UINT64_MAX, WA_RLX);

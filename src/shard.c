@@ -49,6 +49,16 @@ void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it) {
   weft__notify_parked(rt);
 }
 
+void weft__schedule_prio(weft_rt *rt, struct weft__shard *local,
+                         weft__item it) {
+  if (!local || !weft__runq_push(&local->prq, it)) {
+    weft__schedule(rt, local, it); /* outside, or full: the usual way */
+    return;
+  }
+  if (weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
+    weft__notify_parked(rt); /* there is work for another thread */
+}
+
 /* Takes a batch from the inject queue into the own ring; returns one. */
 static weft__item take_inject(weft_rt *rt, struct weft__shard *sh) {
   weft__item buf[WEFT_RUNQ_CAP / 2];
@@ -94,7 +104,9 @@ static void serve_timers(weft_rt *rt, struct weft__shard *sh) {
 
 static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
   serve_timers(rt, sh);
-  weft__item own = weft__runq_pop(&sh->rq);
+  weft__item own = weft__runq_pop(&sh->prq);
+  if (!own)
+    own = weft__runq_pop(&sh->rq);
   if (own)
     return own;
   unsigned n = rt->nshards;
@@ -104,7 +116,10 @@ static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
     if (v == sh)
       continue;
     uint32_t got = 0;
-    weft__item it = weft__runq_steal(&v->rq, &sh->rq, &got);
+    /* Our own rings are empty here (next_item found nothing). */
+    weft__item it = weft__runq_steal(&v->prq, &sh->prq, &got);
+    if (!it)
+      it = weft__runq_steal(&v->rq, &sh->rq, &got);
     if (it) {
       weft__stat_add(&sh->st_steals, got);
       return it;
@@ -121,6 +136,8 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
     if (next <= now)
       weft__timers_fire_due(sh, sh, now);
   }
+  if ((it = weft__runq_pop(&sh->prq)))
+    return it;
   if (++sh->tick % 61 == 0 && (it = take_inject(rt, sh)))
     return it;
   if ((it = weft__runq_pop(&sh->rq)))

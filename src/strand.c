@@ -131,13 +131,16 @@ void weft_strand_release(weft_strand *s) {
 }
 
 void weft__strand_push(weft_strand *s, struct weft__shard *local,
-                       struct weft__node *n) {
+                       struct weft__node *n, bool prio) {
   weft__store(&n->link.next, 0, WA_RLX);
   uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
   if (prev == 0) {
     s->head = n;
     s->ran = NULL;
-    weft__schedule(s->rt, local, (weft__item)s);
+    if (prio)
+      weft__schedule_prio(s->rt, local, (weft__item)s);
+    else
+      weft__schedule(s->rt, local, (weft__item)s);
   } else {
     struct weft__node *p = (struct weft__node *)(prev & ~RELEASED_BIT);
     weft__store(&p->link.next, (uintptr_t)n, WA_REL);
@@ -171,7 +174,7 @@ int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   n->fn = fn;
   n->cancel = cancel;
   n->arg = arg;
-  weft__strand_push(s, sh, n);
+  weft__strand_push(s, sh, n, false);
   if (!sh)
     weft__foreign_exit(rt);
   weft__local_end(sh);
@@ -256,6 +259,14 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   count(rt, sh, ran);
 }
 
+/* Whether a timer of sh's wheel is due; a clock read only if sh has an
+ * armed timer. Checked every 8 handlers of a turn, so a busy strand delays
+ * a timer by a few handlers rather than by its whole batch. */
+static bool timer_due(struct weft__shard *sh) {
+  uint64_t next = weft__load(&sh->timer_next, WA_RLX);
+  return next != UINT64_MAX && weft__now_ns() >= next;
+}
+
 /* Waits a few spins for n's successor to be linked. */
 static struct weft__node *wait_link(struct weft__node *n) {
   for (int i = 0; i < LINK_SPINS; i++) {
@@ -322,6 +333,8 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     }
     weft__pool_free(&rt->node_pool, nc, n);
     n = next;
+    if (sh && (budget & 7) == 1 && timer_due(sh))
+      budget = 1; /* a timer is due here: end the turn, let it fire */
     if (!sh || --budget == 0) {
       /* Budget spent (requeue at the back), or shard lost (the strand
        * goes to the inject queue for a thread that holds one). */

@@ -192,9 +192,9 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
   n->cancel = tramp_cancel;
   n->arg = f;
   if (weft__timer_strand(t))
-    weft__strand_push(weft__timer_strand(t), local, n);
+    weft__strand_push(weft__timer_strand(t), local, n, true);
   else
-    weft__schedule(rt, local, (weft__item)n | WEFT_ITEM_NODE);
+    weft__schedule_prio(rt, local, (weft__item)n | WEFT_ITEM_NODE);
   if (cancel)
     return;
   if (local)
