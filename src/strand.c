@@ -147,37 +147,54 @@ void weft__strand_push(weft_strand *s, struct weft__shard *local,
   }
 }
 
+/* The common part of every post: where it is posted from (the calling
+ * thread's shard, leased, or outside: counted in flight), the shutdown
+ * check and the node. On success post_end must follow. */
+static int post_begin(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg,
+                      struct weft__shard **shp, struct weft__node **np) {
+  struct weft__shard *sh = weft__local_begin(rt);
+  int r = 0;
+  if (!sh)
+    r = weft__foreign_enter(rt);
+  else if (weft__load(&rt->closing, WA_RLX))
+    r = -ESHUTDOWN;
+  struct weft__node *n =
+      r ? NULL : weft__pool_alloc(&rt->node_pool, node_cache(sh));
+  if (!r && !n) {
+    r = -ENOMEM;
+    if (!sh)
+      weft__foreign_exit(rt);
+  }
+  if (r) {
+    weft__local_end(sh);
+    return r;
+  }
+  n->fn = fn;
+  n->cancel = cancel;
+  n->arg = arg;
+  *shp = sh;
+  *np = n;
+  return 0;
+}
+
+static void post_end(weft_rt *rt, struct weft__shard *sh) {
+  if (!sh)
+    weft__foreign_exit(rt);
+  weft__local_end(sh);
+}
+
 int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   if (!s || !fn)
     return -EINVAL;
   if (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC)
     return -EBADF;
-  weft_rt *rt = s->rt;
-  struct weft__shard *sh = weft__local_begin(rt);
-  if (sh) {
-    if (weft__load(&rt->closing, WA_RLX)) {
-      weft__local_end(sh);
-      return -ESHUTDOWN;
-    }
-  } else {
-    int r = weft__foreign_enter(rt);
-    if (r)
-      return r;
-  }
-  struct weft__node *n = weft__pool_alloc(&rt->node_pool, node_cache(sh));
-  if (!n) {
-    if (!sh)
-      weft__foreign_exit(rt);
-    weft__local_end(sh);
-    return -ENOMEM;
-  }
-  n->fn = fn;
-  n->cancel = cancel;
-  n->arg = arg;
+  struct weft__shard *sh;
+  struct weft__node *n;
+  int r = post_begin(s->rt, fn, cancel, arg, &sh, &n);
+  if (r)
+    return r;
   weft__strand_push(s, sh, n, false);
-  if (!sh)
-    weft__foreign_exit(rt);
-  weft__local_end(sh);
+  post_end(s->rt, sh);
   return 0;
 }
 
@@ -188,31 +205,13 @@ int weft_post(weft_strand *s, weft_fn fn, void *arg) {
 int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg) {
   if (!rt || !fn)
     return -EINVAL;
-  struct weft__shard *sh = weft__local_begin(rt);
-  if (sh) {
-    if (weft__load(&rt->closing, WA_RLX)) {
-      weft__local_end(sh);
-      return -ESHUTDOWN;
-    }
-  } else {
-    int r = weft__foreign_enter(rt);
-    if (r)
-      return r;
-  }
-  struct weft__node *n = weft__pool_alloc(&rt->node_pool, node_cache(sh));
-  if (!n) {
-    if (!sh)
-      weft__foreign_exit(rt);
-    weft__local_end(sh);
-    return -ENOMEM;
-  }
-  n->fn = fn;
-  n->cancel = cancel;
-  n->arg = arg;
+  struct weft__shard *sh;
+  struct weft__node *n;
+  int r = post_begin(rt, fn, cancel, arg, &sh, &n);
+  if (r)
+    return r;
   weft__schedule(rt, sh, (weft__item)n | WEFT_ITEM_NODE);
-  if (!sh)
-    weft__foreign_exit(rt);
-  weft__local_end(sh);
+  post_end(rt, sh);
   return 0;
 }
 

@@ -417,8 +417,9 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
   return cancelled;
 }
 
-static void tramp(void *arg) {
-  struct firing *f = arg;
+/* Runs one firing: its handler with status 0 (or -ECANCELED if cancel),
+ * unless the timer was destroyed meanwhile, then settles the timer. */
+static void run_firing(struct firing *f, bool cancel) {
   weft_timer *t = f->t;
   weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
   struct weft__shard *home = home_of(t);
@@ -426,31 +427,17 @@ static void tramp(void *arg) {
   bool skip = t->destroyed;
   pthread_mutex_unlock(&home->tlock);
   if (!skip)
-    f->fn(f->arg, 0, f->missed);
+    f->fn(f->arg, cancel ? -ECANCELED : 0, cancel ? 0 : f->missed);
   bool free_it;
-  if (settle(t, !skip, &free_it))
-    f->fn(f->arg, -ECANCELED, 0);
+  if (settle(t, !skip && !cancel, &free_it))
+    f->fn(f->arg, -ECANCELED, 0); /* a periodic timer's last call */
   obj_free(rt, f);
   if (free_it)
     obj_free(rt, t);
 }
 
-static void tramp_cancel(void *arg) {
-  struct firing *f = arg;
-  weft_timer *t = f->t;
-  weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
-  struct weft__shard *home = home_of(t);
-  pthread_mutex_lock(&home->tlock);
-  bool skip = t->destroyed;
-  pthread_mutex_unlock(&home->tlock);
-  if (!skip)
-    f->fn(f->arg, -ECANCELED, 0);
-  bool free_it;
-  settle(t, false, &free_it);
-  obj_free(rt, f);
-  if (free_it)
-    obj_free(rt, t);
-}
+static void tramp(void *arg) { run_firing(arg, false); }
+static void tramp_cancel(void *arg) { run_firing(arg, true); }
 
 void weft__timers_flush(weft_rt *rt) {
   struct weft__shard *local = weft__local_begin(rt);
