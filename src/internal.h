@@ -247,6 +247,9 @@ struct weft__thread {
    * sleepers) or by the monitor (a shard to hold), 2 kicked (a timer moved
    * its shard's deadline earlier) */
   _Atomic uint32_t wake;
+  /* while it sleeps in park: the timer deadline it sleeps until
+   * (UINT64_MAX while it reads it); 0 otherwise (park.c, weft__kick) */
+  _Atomic uint64_t sleep_until;
   _Atomic uint64_t hstate;
   uint64_t epoch;
   /* 0; 1: the monitor took the shard; 2: the thread saw it (monitor.c) */
@@ -434,7 +437,7 @@ void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected);
 void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
                             uint64_t deadline_ns);
 /* A timer made shard sh's earliest deadline earlier: wake its thread. */
-void weft__kick(struct weft__shard *sh);
+void weft__kick(struct weft__shard *sh, uint64_t deadline);
 void weft__futex_wake(_Atomic uint32_t *addr, int n);
 
 /* Posting from outside (rt.c). */

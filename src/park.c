@@ -63,10 +63,13 @@ void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
           NULL, FUTEX_BITSET_MATCH_ANY);
 }
 
-void weft__kick(struct weft__shard *sh) {
+void weft__kick(struct weft__shard *sh, uint64_t deadline) {
   struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
   uint32_t zero = 0;
-  if (t && weft__cas(&t->wake, &zero, 2, WA_AR, WA_RLX))
+  /* A thread that is not asleep reads timer_next before it sleeps, and one
+   * asleep until no later than deadline wakes in time: no futex call. */
+  if (t && deadline < weft__load(&t->sleep_until, WA_SC) &&
+      weft__cas(&t->wake, &zero, 2, WA_AR, WA_RLX))
     weft__futex_wake(&t->wake, 1);
 }
 
@@ -201,13 +204,19 @@ static bool leave_sleepers(struct weft__idle *idle, struct weft__thread *t) {
 /* Sleeps until a notifier pops t (returns true), or until t's shard has a
  * timer due or t was kicked and t left the sleepers by itself (returns
  * false: t is counted unparked, not searching). */
-static bool sleep_until_woken(weft_rt *rt, struct weft__thread *t) {
+static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
   struct weft__idle *idle = &rt->idle;
   for (;;) {
     uint32_t w = weft__load(&t->wake, WA_ACQ);
     if (w == 1)
       return true;
-    uint64_t deadline = weft__load(&t->shard->timer_next, WA_ACQ);
+    /* sleep_until and timer_next are seq_cst on both sides: either we
+     * read the deadline a timer start just moved earlier, or its starter
+     * reads a sleep_until later than it (or UINT64_MAX: we are reading)
+     * and kicks us (weft__kick). */
+    weft__store(&t->sleep_until, UINT64_MAX, WA_SC);
+    uint64_t deadline = weft__load(&t->shard->timer_next, WA_SC);
+    weft__store(&t->sleep_until, deadline, WA_SC);
     if (w == 2 || (deadline != UINT64_MAX && weft__now_ns() >= deadline)) {
       pthread_mutex_lock(&idle->lock);
       bool left = leave_sleepers(idle, t);
@@ -229,6 +238,12 @@ static bool sleep_until_woken(weft_rt *rt, struct weft__thread *t) {
     else
       weft__futex_wait_until(&t->wake, 0, deadline);
   }
+}
+
+static bool sleep_until_woken(weft_rt *rt, struct weft__thread *t) {
+  bool r = sleep_until_woken_(rt, t);
+  weft__store(&t->sleep_until, 0, WA_RLX);
+  return r;
 }
 
 bool weft__park(weft_rt *rt, struct weft__thread *t) {

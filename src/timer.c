@@ -145,7 +145,7 @@ static void publish_next(struct weft__shard *sh) {
   uint64_t next = UINT64_MAX;
   if (next_slot(&sh->wheel, &tick, &l, &s))
     next = tick << WEFT_TICK_SHIFT;
-  weft__store(&sh->timer_next, next, WA_REL);
+  weft__store(&sh->timer_next, next, WA_SC); /* see weft__kick */
 }
 
 static void tramp(void *arg);
@@ -239,13 +239,13 @@ void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
 
 /* Wakes the home shard's thread if its deadline moved earlier. */
 static void maybe_kick(struct weft__shard *home, uint64_t before) {
-  uint64_t now = weft__load(&home->timer_next, WA_RLX);
+  uint64_t next = weft__load(&home->timer_next, WA_RLX);
   /* The owner, not self->shard: inside a handler this thread may already
    * have lost home to a handoff without knowing; the new owner must wake.
    * If the handoff comes after this load, the new owner reads timer_next
    * when it starts serving home. */
-  if (now < before && weft__load(&home->owner, WA_ACQ) != weft__self())
-    weft__kick(home);
+  if (next < before && weft__load(&home->owner, WA_ACQ) != weft__self())
+    weft__kick(home, next);
 }
 
 int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
@@ -286,7 +286,8 @@ static void obj_free(weft_rt *rt, void *obj) {
 /* Arms t; tlock held. */
 static int start_locked(weft_timer *t, struct weft__shard *home,
                         struct weft__shard *local, uint64_t deadline_ns,
-                        uint64_t period_ns, weft_timer_fn fn, void *arg) {
+                        uint64_t period_ns, weft_timer_fn fn, void *arg,
+                        uint64_t now) {
   if (t->destroyed)
     return -EBADF;
   if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ))
@@ -296,7 +297,7 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
   if (t->state == WEFT_T_ARMED)
     wheel_remove(&home->wheel, t);
   if (!home->wheel.count) /* nothing to keep in place: catch up with now */
-    home->wheel.elapsed = weft__now_ns() >> WEFT_TICK_SHIFT;
+    home->wheel.elapsed = (now ? now : weft__now_ns()) >> WEFT_TICK_SHIFT;
   t->deadline = deadline_ns;
   t->period = period_ns;
   t->fn = fn;
@@ -312,8 +313,9 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
   return 0;
 }
 
-int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
-                        weft_timer_fn fn, void *arg) {
+/* now: the clock if the caller read it, else 0. */
+static int start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
+                    weft_timer_fn fn, void *arg, uint64_t now) {
   if (!t || !fn || (period_ns && deadline_ns > UINT64_MAX - period_ns))
     return -EINVAL;
   weft_rt *rt = weft__timer_rt(t);
@@ -328,7 +330,7 @@ int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
   }
   pthread_mutex_lock(&home->tlock);
   uint64_t before = weft__load(&home->timer_next, WA_RLX);
-  int r = start_locked(t, home, local, deadline_ns, period_ns, fn, arg);
+  int r = start_locked(t, home, local, deadline_ns, period_ns, fn, arg, now);
   pthread_mutex_unlock(&home->tlock);
   weft__local_end(local);
   if (!r)
@@ -343,7 +345,12 @@ int weft_timer_start(weft_timer *t, uint64_t after_ns, uint64_t period_ns,
   uint64_t now = weft__now_ns();
   if (after_ns > UINT64_MAX - now)
     return -EINVAL;
-  return weft_timer_start_at(t, now + after_ns, period_ns, fn, arg);
+  return start_at(t, now + after_ns, period_ns, fn, arg, now);
+}
+
+int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
+                        weft_timer_fn fn, void *arg) {
+  return start_at(t, deadline_ns, period_ns, fn, arg, 0);
 }
 
 int weft_timer_cancel(weft_timer *t) {
