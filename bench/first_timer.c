@@ -24,7 +24,6 @@
 #include <errno.h>
 #include <sched.h>
 #include <semaphore.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -32,11 +31,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "benchutil.h"
 
 static uint64_t mono_ns(void) {
   struct timespec ts;
@@ -113,70 +111,6 @@ static int child_floor(unsigned ms) {
 
 /* ---- parent ------------------------------------------------------------ */
 
-/* Runs argv[0] with argv, returns its stdout (malloc'd) or NULL on failure
- * (spawn failed, or the child did not exit with 0). */
-static char *run_capture(char *const argv[]) {
-  int fds[2];
-  if (pipe(fds) != 0)
-    return NULL;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  pid_t pid;
-  int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (r) {
-    close(fds[0]);
-    return NULL;
-  }
-  size_t cap = 4096, len = 0;
-  char *buf = malloc(cap);
-  ssize_t k;
-  while (buf && (k = read(fds[0], buf + len, cap - 1 - len)) > 0) {
-    len += (size_t)k;
-    if (cap - 1 - len == 0) {
-      char *nb = realloc(buf, cap *= 2);
-      if (!nb)
-        free(buf);
-      buf = nb;
-    }
-  }
-  close(fds[0]);
-  int st;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-    ;
-  if (!buf || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    free(buf);
-    return NULL;
-  }
-  buf[len] = 0;
-  return buf;
-}
-
-static int cmp_dbl(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof(*v), cmp_dbl);
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-static const char *peer_path(char *buf, size_t size) {
-  const char *dir = getenv("WEFT_PEER_DIR");
-#ifdef WEFT_PEER_DIR
-  if (!dir)
-    dir = WEFT_PEER_DIR;
-#endif
-  if (!dir)
-    return NULL;
-  snprintf(buf, size, "%s/asio_first_timer", dir);
-  return access(buf, X_OK) == 0 ? buf : NULL;
-}
-
 enum kind { K_WEFT, K_FLOOR, K_ASIO };
 
 /* One fresh-process measurement: lateness (and create time) in us. */
@@ -197,16 +131,12 @@ static bool one_run(enum kind k, const char *peer, unsigned ms,
   argv[n++] = "--threads";
   argv[n++] = a_th;
   argv[n] = NULL;
-  char *out = run_capture(argv);
+  char *out = bench_capture(argv);
   if (!out)
     return false;
   bool ok;
   if (k == K_ASIO) {
-    const char *key = "\"late_us\":";
-    const char *p = strstr(out, key);
-    ok = p != NULL;
-    if (ok)
-      *late_us = strtod(p + strlen(key), NULL);
+    ok = bench_json_num(out, "late_us", late_us);
     *create_us = 0;
   } else {
     long long late;
@@ -273,7 +203,8 @@ int main(int argc, char **argv) {
   }
 
   char pbuf[4096];
-  const char *ppath = peer ? peer_path(pbuf, sizeof(pbuf)) : NULL;
+  const char *ppath =
+      peer ? bench_peer_path("asio_first_timer", pbuf, sizeof(pbuf)) : NULL;
   double *late = calloc((size_t)runs, sizeof(double));
   double *create = calloc((size_t)runs, sizeof(double));
   double *flo = calloc((size_t)runs, sizeof(double));
@@ -297,12 +228,12 @@ int main(int argc, char **argv) {
       have_asio = false;
     }
   }
-  double late_med = median(late, runs), late_max = late[runs - 1];
-  double create_med = median(create, runs), create_max = create[runs - 1];
-  double flo_med = median(flo, runs), flo_max = flo[runs - 1];
+  double late_med = bench_median(late, runs), late_max = late[runs - 1];
+  double create_med = bench_median(create, runs), create_max = create[runs - 1];
+  double flo_med = bench_median(flo, runs), flo_max = flo[runs - 1];
   double asio_med = 0, asio_max = 0;
   if (have_asio) {
-    asio_med = median(asio, runs);
+    asio_med = bench_median(asio, runs);
     asio_max = asio[runs - 1];
   }
   printf("weft:  first %u ms timer late by median %.1f us, max %.1f us "

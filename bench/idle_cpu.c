@@ -12,9 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "benchutil.h"
 
 static double cpu_ms(void) {
   struct rusage ru;
@@ -52,28 +53,18 @@ static double measure(unsigned threads, double seconds, int warm) {
 }
 
 static double run_peer(unsigned threads, double seconds) {
-  const char *dir = getenv("WEFT_PEER_DIR");
-#ifdef WEFT_PEER_DIR
-  if (!dir)
-    dir = WEFT_PEER_DIR;
-#endif
-  if (!dir)
+  char path[4096], th[16], sec[32];
+  if (!bench_peer_path("asio_idle_cpu", path, sizeof(path)))
     return -1;
-  char cmd[4200];
-  snprintf(cmd, sizeof(cmd), "%s/asio_idle_cpu", dir);
-  if (access(cmd, X_OK) != 0)
-    return -1;
-  snprintf(cmd, sizeof(cmd), "%s/asio_idle_cpu --threads %u --seconds %.2f",
-           dir, threads, seconds);
-  FILE *p = popen(cmd, "r");
-  if (!p)
-    return -1;
-  char line[512], last[512] = "";
-  while (fgets(line, sizeof(line), p))
-    strcpy(last, line);
-  pclose(p);
-  const char *k = strstr(last, "\"cpu_ms_per_sec\":");
-  return k ? strtod(k + strlen("\"cpu_ms_per_sec\":"), NULL) : -1;
+  snprintf(th, sizeof(th), "%u", threads);
+  snprintf(sec, sizeof(sec), "%.2f", seconds);
+  char *argv[] = {path, "--threads", th, "--seconds", sec, NULL};
+  char *out = bench_capture(argv);
+  double v = -1;
+  if (out && !bench_json_num(bench_last_line(out), "cpu_ms_per_sec", &v))
+    v = -1;
+  free(out);
+  return v;
 }
 
 int main(int argc, char **argv) {

@@ -13,17 +13,15 @@
  */
 #include <weft.h>
 
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "benchutil.h"
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -109,53 +107,20 @@ static void wake_latency(int samples, double *p50, double *p99) {
 
 /* Runs the Asio peer; fills its three figures, or returns false. */
 static bool run_peer(long iterations, int samples, double out[3]) {
-  const char *dir = getenv("WEFT_PEER_DIR");
-#ifdef WEFT_PEER_DIR
-  if (!dir)
-    dir = WEFT_PEER_DIR;
-#endif
-  if (!dir)
-    return false;
   char path[4096], it[32], sm[32];
-  snprintf(path, sizeof(path), "%s/asio_post", dir);
-  if (access(path, X_OK) != 0)
+  if (!bench_peer_path("asio_post", path, sizeof(path)))
     return false;
   snprintf(it, sizeof(it), "%ld", iterations);
   snprintf(sm, sizeof(sm), "%d", samples);
   char *argv[] = {path, "--iterations", it, "--samples", sm, NULL};
-  int fds[2];
-  if (pipe(fds) != 0)
+  char *buf = bench_capture(argv);
+  if (!buf)
     return false;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  pid_t pid;
-  int r = posix_spawn(&pid, path, &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (r) {
-    close(fds[0]);
-    return false;
-  }
-  char buf[8192];
-  size_t len = 0;
-  ssize_t k;
-  while ((k = read(fds[0], buf + len, sizeof(buf) - 1 - len)) > 0)
-    len += (size_t)k;
-  close(fds[0]);
-  buf[len] = 0;
-  int st;
-  waitpid(pid, &st, 0);
-  const char *keys[3] = {
-      "\"post_run_ns\":", "\"wake_p50_us\":", "\"wake_p99_us\":"};
-  for (int i = 0; i < 3; i++) {
-    const char *p = strstr(buf, keys[i]);
-    if (!p)
-      return false;
-    out[i] = strtod(p + strlen(keys[i]), NULL);
-  }
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  bool ok = bench_json_num(buf, "post_run_ns", &out[0]) &&
+            bench_json_num(buf, "wake_p50_us", &out[1]) &&
+            bench_json_num(buf, "wake_p99_us", &out[2]);
+  free(buf);
+  return ok;
 }
 
 int main(int argc, char **argv) {

@@ -30,21 +30,18 @@
  */
 #include <weft.h>
 
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
-#include <spawn.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "benchutil.h"
 
 static uint64_t mono_ns(void) {
   struct timespec ts;
@@ -122,59 +119,6 @@ static int pin_cpu0(void) {
   return 0;
 }
 
-/* Runs argv[0] with argv and returns its stdout (malloc'd), or NULL if it
- * could not start or did not exit with 0. */
-static char *run_capture(char *const argv[]) {
-  int fds[2];
-  if (pipe(fds) != 0)
-    return NULL;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  pid_t pid;
-  int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (r) {
-    close(fds[0]);
-    return NULL;
-  }
-  size_t cap = 4096, len = 0;
-  char *buf = malloc(cap);
-  ssize_t k;
-  while (buf && (k = read(fds[0], buf + len, cap - 1 - len)) > 0) {
-    len += (size_t)k;
-    if (cap - 1 - len == 0) {
-      char *nb = realloc(buf, cap *= 2);
-      if (!nb)
-        free(buf);
-      buf = nb;
-    }
-  }
-  close(fds[0]);
-  int st;
-  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
-    ;
-  if (!buf || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-    free(buf);
-    return NULL;
-  }
-  buf[len] = 0;
-  return buf;
-}
-
-/* Reads "KEY":number from a JSON line. */
-static bool json_num(const char *s, const char *key, double *out) {
-  char k[64];
-  snprintf(k, sizeof(k), "\"%s\":", key);
-  const char *p = strstr(s, k);
-  if (!p)
-    return false;
-  *out = strtod(p + strlen(k), NULL);
-  return true;
-}
-
 /* Runs `prog` (this program or the peer) and reads its two figures. */
 static bool run_child(const char *prog, bool self, bool pin, unsigned threads,
                       int repeat, double *ms, double *cpu_ms) {
@@ -193,40 +137,23 @@ static bool run_child(const char *prog, bool self, bool pin, unsigned threads,
   argv[n++] = "--repeat";
   argv[n++] = a_rep;
   argv[n] = NULL;
-  char *out = run_capture(argv);
+  char *out = bench_capture(argv);
   if (!out)
     return false;
-  bool ok = json_num(out, "ms_per_cycle", ms) &&
-            json_num(out, "cpu_ms_per_cycle", cpu_ms);
+  bool ok = bench_json_num(out, "ms_per_cycle", ms) &&
+            bench_json_num(out, "cpu_ms_per_cycle", cpu_ms);
   free(out);
   return ok;
-}
-
-static const char *peer_path(char *buf, size_t size) {
-  const char *dir = getenv("WEFT_PEER_DIR");
-#ifdef WEFT_PEER_DIR
-  if (!dir)
-    dir = WEFT_PEER_DIR;
-#endif
-  if (!dir)
-    return NULL;
-  snprintf(buf, size, "%s/asio_startup", dir);
-  return access(buf, X_OK) == 0 ? buf : NULL;
-}
-
-static int cmp_dbl(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return x < y ? -1 : x > y;
 }
 
 /* Median of v[0..n), and its smallest and largest values. */
 static double median(const double *v, int n, double *lo, double *hi) {
   double s[64];
   memcpy(s, v, (size_t)n * sizeof(*v));
-  qsort(s, (size_t)n, sizeof(*s), cmp_dbl);
+  double m = bench_median(s, n);
   *lo = s[0];
   *hi = s[n - 1];
-  return n % 2 ? s[n / 2] : (s[n / 2 - 1] + s[n / 2]) / 2;
+  return m;
 }
 
 enum { W_MS, W_CPU, WP_MS, WP_CPU, A_MS, A_CPU, AP_MS, AP_CPU, NFIG };
@@ -270,7 +197,8 @@ int main(int argc, char **argv) {
   }
 
   char pbuf[4096];
-  const char *ppath = peer ? peer_path(pbuf, sizeof(pbuf)) : NULL;
+  const char *ppath =
+      peer ? bench_peer_path("asio_startup", pbuf, sizeof(pbuf)) : NULL;
   bool have = ppath != NULL;
   double fig[NFIG][64];
   /* The four set-ups take turns, round after round, so that a noisy spell

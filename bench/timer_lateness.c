@@ -28,7 +28,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -37,11 +36,10 @@
 #include <sys/epoll.h>
 #include <sys/prctl.h>
 #include <sys/timerfd.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "benchutil.h"
 
 #define WARMUP_NS 200000000ull
 #define LEAD_NS 20000000ull /* set-up time before the first deadline */
@@ -296,23 +294,11 @@ static struct result run_floor(const struct opts *o, bool tfd) {
 
 /* ---- peers ---- */
 
-static double json_num(const char *line, const char *key) {
-  char k[64];
-  snprintf(k, sizeof(k), "\"%s\":", key);
-  const char *p = strstr(line, k);
-  return p ? strtod(p + strlen(k), NULL) : 0;
-}
-
 /* Runs build/bench/peers/NAME with the same flags; reads its last line. */
 static struct result run_peer(const struct opts *o, const char *name) {
   struct result r = {.ok = false};
-  const char *dir = getenv("WEFT_PEER_DIR");
-#ifdef WEFT_PEER_DIR
-  dir = dir ? dir : WEFT_PEER_DIR;
-#endif
   char path[4096], v[6][32];
-  snprintf(path, sizeof(path), "%s/%s", dir ? dir : "", name);
-  if (!dir || access(path, X_OK) != 0)
+  if (!bench_peer_path(name, path, sizeof(path)))
     return r;
   unsigned u[6] = {o->timers, o->period_us, o->threads, o->busy, o->blocked, 0};
   for (int i = 0; i < 5; i++)
@@ -321,35 +307,19 @@ static struct result run_peer(const struct opts *o, const char *name) {
   char *argv[] = {path, "--timers", v[0], "--period-us", v[1], "--threads",
                   v[2], "--busy",   v[3], "--blocked",   v[4], "--seconds",
                   v[5], NULL};
-  int fds[2];
-  if (pipe(fds) != 0)
+  char *out = bench_capture(argv);
+  if (!out)
     return r;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  pid_t pid;
-  int e = posix_spawn(&pid, path, &fa, NULL, argv, environ), st = 0;
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  static char buf[65536];
-  size_t len = 0;
-  ssize_t k;
-  while (!e && (k = read(fds[0], buf + len, sizeof(buf) - 1 - len)) > 0)
-    len += (size_t)k;
-  close(fds[0]);
-  if (e || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
-    return r;
-  while (len && buf[len - 1] == '\n')
-    len--;
-  buf[len] = 0;
-  char *line = strrchr(buf, '\n');
-  line = line ? line + 1 : buf;
-  if (!strstr(line, "\"p99_us\":"))
-    return r;
-  r = (struct result){json_num(line, "p50_us"), json_num(line, "p99_us"),
-                      json_num(line, "max_us"), json_num(line, "samples"),
-                      json_num(line, "missed"), true};
+  const char *line = bench_last_line(out);
+  const char *keys[5] = {"p50_us", "p99_us", "max_us", "samples", "missed"};
+  double x[5] = {0};
+  for (int i = 0; i < 5; i++)
+    bench_json_num(line, keys[i], &x[i]);
+  if (strstr(line, "\"p99_us\":"))
+    r = (struct result){
+        x[0], x[1], x[2], (unsigned long long)x[3], (unsigned long long)x[4],
+        true};
+  free(out);
   return r;
 }
 

@@ -16,18 +16,15 @@
  */
 #include <weft.h>
 
-#include <errno.h>
-#include <spawn.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "../bench/benchutil.h"
 
 /* On separate cache lines (the peer does the same): every handler writes
  * counter and reads running. */
@@ -144,23 +141,10 @@ static double run_weft(const struct opts *o, unsigned blocking) {
   return (double)(c1 - c0) / (t1 - t0);
 }
 
-static const char *peer_dir(void) {
-  const char *d = getenv("WEFT_PEER_DIR");
-#ifdef WEFT_PEER_DIR
-  if (!d)
-    d = WEFT_PEER_DIR;
-#endif
-  return d;
-}
-
 /* Runs the Asio peer with the same settings; returns handlers/s or -1. */
 static double run_peer(const struct opts *o, unsigned blocking, bool legacy) {
-  const char *dir = peer_dir();
-  if (!dir)
-    return -1;
   char path[4096], th[16], sec[32], blk[16], wk[16];
-  snprintf(path, sizeof(path), "%s/asio_seed_strand", dir);
-  if (access(path, X_OK) != 0)
+  if (!bench_peer_path("asio_seed_strand", path, sizeof(path)))
     return -1;
   snprintf(th, sizeof(th), "%u", o->threads);
   snprintf(sec, sizeof(sec), "%.3f", o->seconds);
@@ -172,34 +156,12 @@ static double run_peer(const struct opts *o, unsigned blocking, bool legacy) {
                   blk,  "--work",
                   wk,   legacy ? "--legacy" : NULL,
                   NULL};
-  int fds[2];
-  if (pipe(fds) != 0)
-    return -1;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  pid_t pid;
-  int r = posix_spawn(&pid, path, &fa, NULL, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
-  if (r != 0) {
-    close(fds[0]);
-    return -1;
-  }
-  char buf[8192];
-  size_t len = 0;
-  ssize_t k;
-  while ((k = read(fds[0], buf + len, sizeof(buf) - 1 - len)) > 0)
-    len += (size_t)k;
-  close(fds[0]);
-  buf[len] = 0;
-  int status;
-  waitpid(pid, &status, 0);
-  const char *key = strstr(buf, "\"handlers_per_sec\":");
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !key)
-    return -1;
-  return strtod(key + strlen("\"handlers_per_sec\":"), NULL);
+  char *out = bench_capture(argv);
+  double v = -1;
+  if (out && !bench_json_num(out, "handlers_per_sec", &v))
+    v = -1;
+  free(out);
+  return v;
 }
 
 static void usage(void) {
@@ -304,19 +266,8 @@ static void compare_monitor(struct opts *o) {
     o->no_monitor = true;
     off[i] = run_weft(o, 0);
   }
-  for (int i = 0; i < 3; i++) /* sort the three of each */
-    for (int j = i + 1; j < 3; j++) {
-      if (on[j] < on[i]) {
-        double x = on[i];
-        on[i] = on[j];
-        on[j] = x;
-      }
-      if (off[j] < off[i]) {
-        double x = off[i];
-        off[i] = off[j];
-        off[j] = x;
-      }
-    }
+  bench_median(on, 3); /* sorts them: [1] is the median */
+  bench_median(off, 3);
   printf("monitor on %.0f h/s, off %.0f h/s (medians of 3)\n", on[1], off[1]);
   printf("{\"bench\":\"seed_strand_monitor\",\"threads\":%u,\"seconds\":%.2f,"
          "\"monitor_on_handlers_per_sec\":%.0f,"

@@ -1,0 +1,109 @@
+/*
+ * benchutil.h - helpers shared by the benchmarks (bench/NAME.c and
+ * examples/seed_strand.c): run a child and capture its stdout, find a peer
+ * binary under WEFT_PEER_DIR, read "key":number from a JSON line, and take
+ * a median. Header-only; every function is static inline.
+ */
+#ifndef WEFT_BENCHUTIL_H
+#define WEFT_BENCHUTIL_H
+
+#include <errno.h>
+#include <spawn.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+/* Runs argv[0] with argv and returns its stdout (malloc'd, NUL-terminated),
+ * or NULL if it could not start or did not exit with 0. */
+static inline char *bench_capture(char *const argv[]) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    return NULL;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  pid_t pid;
+  int r = posix_spawn(&pid, argv[0], &fa, NULL, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (r) {
+    close(fds[0]);
+    return NULL;
+  }
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap);
+  ssize_t k;
+  while (buf && (k = read(fds[0], buf + len, cap - 1 - len)) > 0) {
+    len += (size_t)k;
+    if (cap - 1 - len == 0) {
+      char *nb = realloc(buf, cap *= 2);
+      if (!nb)
+        free(buf);
+      buf = nb;
+    }
+  }
+  close(fds[0]);
+  int st;
+  while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+    ;
+  if (!buf || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+    free(buf);
+    return NULL;
+  }
+  buf[len] = 0;
+  return buf;
+}
+
+/* The peer binary NAME in $WEFT_PEER_DIR, else in the WEFT_PEER_DIR the
+ * build defines; written into buf. NULL unless it is there and executable. */
+static inline const char *bench_peer_path(const char *name, char *buf,
+                                          size_t size) {
+  const char *dir = getenv("WEFT_PEER_DIR");
+#ifdef WEFT_PEER_DIR
+  if (!dir)
+    dir = WEFT_PEER_DIR;
+#endif
+  if (!dir)
+    return NULL;
+  snprintf(buf, size, "%s/%s", dir, name);
+  return access(buf, X_OK) == 0 ? buf : NULL;
+}
+
+/* Reads "KEY":number from a JSON line (key given without quotes). */
+static inline bool bench_json_num(const char *s, const char *key, double *out) {
+  char k[64];
+  snprintf(k, sizeof(k), "\"%s\":", key);
+  const char *p = strstr(s, k);
+  if (!p)
+    return false;
+  *out = strtod(p + strlen(k), NULL);
+  return true;
+}
+
+/* The last line of s, with the trailing newlines cut off s. */
+static inline char *bench_last_line(char *s) {
+  size_t len = strlen(s);
+  while (len && s[len - 1] == '\n')
+    s[--len] = 0;
+  char *line = strrchr(s, '\n');
+  return line ? line + 1 : s;
+}
+
+static inline int bench_cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Sorts v[0..n) in place and returns its median. */
+static inline double bench_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof(*v), bench_cmp_dbl);
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+#endif
