@@ -90,6 +90,7 @@ struct opts {
   unsigned threads, work, blocking;
   double seconds;
   bool peers, no_monitor, compare_monitor;
+  unsigned rounds;
 };
 
 /* Stalls are expected here (the sleeper, and handlers preempted on an
@@ -167,7 +168,7 @@ static double run_peer(const struct opts *o, unsigned blocking, bool legacy) {
 static void usage(void) {
   fprintf(stderr, "usage: seed_strand [--threads N] [--seconds S] "
                   "[--blocking K] [--work W] [--no-peer] [--no-monitor]\n"
-                  "                   [--compare-monitor]\n"
+                  "                   [--compare-monitor] [--rounds R]\n"
                   "  no options: the demo table\n");
   exit(2);
 }
@@ -198,7 +199,9 @@ static void parse(int argc, char **argv, struct opts *o) {
     if (i + 1 >= argc)
       usage();
     const char *v = argv[++i];
-    if (!strcmp(a, "--threads"))
+    if (!strcmp(a, "--rounds"))
+      o->rounds = parse_uint(v, 16);
+    else if (!strcmp(a, "--threads"))
       o->threads = parse_uint(v, WEFT_MAX_WORKERS);
     else if (!strcmp(a, "--work"))
       o->work = parse_uint(v, 1000000);
@@ -215,6 +218,8 @@ static void parse(int argc, char **argv, struct opts *o) {
     usage();
   if (!o->work)
     o->work = o->threads;
+  if (!o->rounds)
+    o->rounds = 1;
 }
 
 static void fmt_rate(char *out, size_t n, double v) {
@@ -281,10 +286,19 @@ static void bench(struct opts *o) {
     compare_monitor(o);
     return;
   }
-  atomic_store(&stalls_seen, 0);
-  double w = run_weft(o, o->blocking);
-  uint64_t handoffs = last_handoffs, stalls = atomic_load(&stalls_seen);
-  double wu = o->blocking ? run_weft(o, 0) : w;
+  /* Blocked and unblocked alternate, --rounds times; medians. On a small
+   * machine the shared counter makes single runs swing by 2x. */
+  double wr[16], wur[16];
+  uint64_t handoffs = 0, stalls = 0;
+  for (unsigned r = 0; r < o->rounds; r++) {
+    atomic_store(&stalls_seen, 0);
+    wr[r] = run_weft(o, o->blocking);
+    handoffs += last_handoffs;
+    stalls += atomic_load(&stalls_seen);
+    wur[r] = o->blocking ? run_weft(o, 0) : wr[r];
+  }
+  double w = bench_median(wr, (int)o->rounds);
+  double wu = bench_median(wur, (int)o->rounds);
   double a = -1, al = -1, au = -1, alu = -1;
   if (o->peers) {
     a = run_peer(o, o->blocking, false);
@@ -296,10 +310,11 @@ static void bench(struct opts *o) {
   printf("weft %.0f h/s (unblocked %.0f); asio strand %.0f, legacy %.0f\n", w,
          wu, a, al);
   printf("{\"bench\":\"seed_strand\",\"threads\":%u,\"seconds\":%.2f,"
-         "\"blocking\":%u,\"work\":%u,\"handlers_per_sec\":%.0f,"
+         "\"blocking\":%u,\"work\":%u,\"rounds\":%u,"
+         "\"handlers_per_sec\":%.0f,"
          "\"unblocked_handlers_per_sec\":%.0f,\"blocked_ratio\":%.4f,"
          "\"stalls\":%llu,\"handoffs\":%llu,\"monitor\":%s",
-         o->threads, o->seconds, o->blocking, o->work, w, wu, w / wu,
+         o->threads, o->seconds, o->blocking, o->work, o->rounds, w, wu, w / wu,
          (unsigned long long)stalls, (unsigned long long)handoffs,
          o->no_monitor ? "false" : "true");
   if (best > 0)
