@@ -16,6 +16,7 @@
 #include "weft.h"
 
 #include <pthread.h>
+#include <time.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -256,7 +257,12 @@ struct weft__thread {
   _Atomic uint32_t taken;
   _Atomic(void *) cur_fn;     /* handler running, for stall reports */
   _Atomic(void *) cur_strand; /* its strand, or NULL */
-  int slot_state;             /* WEFT_TH_*, under rt->spare_lock */
+  /* set by the thread at start, for the monitor: its kernel id (0 until
+   * then) and its CPU-time clock */
+  _Atomic int kernel_tid;
+  clockid_t cpu_clock;
+  bool cpu_clock_ok;
+  int slot_state; /* WEFT_TH_*, under rt->spare_lock */
 } WEFT_ALIGNED;
 
 /* Stores of hstate and loads of taken: a release store and a relaxed load

@@ -38,6 +38,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/membarrier.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ struct weft__monitor {
   uint64_t *last_hs, *since;
   struct weft__thread **last_t;
   bool *reported, *handed;
+  uint64_t *cpu_mark, *cpu_at; /* the stuck thread's CPU time, and when */
   uint64_t last_print_ns, suppressed;
 };
 
@@ -252,6 +254,43 @@ static void report(weft_rt *rt, struct weft__monitor *m, unsigned shard,
   m->suppressed = 0;
 }
 
+/* The kernel's view of a thread: 'R' running or waiting for a CPU, 'S'
+ * or 'D' blocked, '?' unknown. Read only for a thread past the threshold. */
+static char thread_state(int tid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return '?';
+  ssize_t n = read(fd, buf, sizeof(buf) - 1);
+  close(fd);
+  if (n <= 0)
+    return '?';
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* the name may hold spaces */
+  return p && p[1] == ' ' ? p[2] : '?';
+}
+
+/* Whether the thread past the threshold is only waiting for a CPU (an
+ * oversubscribed machine preempted it): runnable, and it got less than a
+ * quarter of the time since the last look. Handing its shard to a spare
+ * would add a runnable thread where CPU, not threads, is short; it is
+ * looked at again next tick. A blocked thread, or one computing, is not. */
+static bool preempted(struct weft__monitor *m, unsigned i,
+                      struct weft__thread *t, uint64_t now) {
+  int tid = weft__load(&t->kernel_tid, WA_ACQ);
+  struct timespec ts;
+  if (!tid || !t->cpu_clock_ok || thread_state(tid) != 'R' ||
+      clock_gettime(t->cpu_clock, &ts) != 0)
+    return false;
+  uint64_t cpu = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+  bool first = m->cpu_at[i] < m->since[i];
+  uint64_t used = cpu - m->cpu_mark[i], wall = now - m->cpu_at[i];
+  m->cpu_mark[i] = cpu;
+  m->cpu_at[i] = now;
+  return first || used * 4 < wall; /* first look: decide next tick */
+}
+
 /* Per shard the monitor remembers what it last saw (owner thread and its
  * hstate), since when, and whether that handler was reported and handed
  * off: a handler that runs for seconds is reported once. */
@@ -274,6 +313,8 @@ static void scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
       continue;
     if ((hs & 3) != WEFT_HS_IN)
       continue; /* BUSY: it is using its shard right now; next tick */
+    if (preempted(m, i, t, now))
+      continue;
     int r = m->handoff_ok ? handoff(rt, sh, t, hs) : -1;
     if (r == 0)
       continue; /* it returned meanwhile: not a stall after all */
@@ -323,6 +364,8 @@ static void monitor_free(struct weft__monitor *m) {
   free(m->last_t);
   free(m->reported);
   free(m->handed);
+  free(m->cpu_mark);
+  free(m->cpu_at);
   free(m);
 }
 
@@ -335,7 +378,10 @@ int weft__monitor_start(weft_rt *rt) {
   m->last_t = calloc(rt->nshards, sizeof(*m->last_t));
   m->reported = calloc(rt->nshards, sizeof(bool));
   m->handed = calloc(rt->nshards, sizeof(bool));
-  if (!m->last_hs || !m->since || !m->last_t || !m->reported || !m->handed) {
+  m->cpu_mark = calloc(rt->nshards, sizeof(uint64_t));
+  m->cpu_at = calloc(rt->nshards, sizeof(uint64_t));
+  if (!m->last_hs || !m->since || !m->last_t || !m->reported || !m->handed ||
+      !m->cpu_mark || !m->cpu_at) {
     monitor_free(m);
     return -ENOMEM;
   }

@@ -16,6 +16,8 @@
 
 #include <stdlib.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 _Thread_local struct weft__thread *weft__tls_self
     __attribute__((tls_model("initial-exec")));
@@ -184,6 +186,8 @@ void *weft__thread_entry(void *arg) {
   struct weft__thread *t = arg;
   weft_rt *rt = t->rt;
   tls_self = t;
+  t->cpu_clock_ok = pthread_getcpuclockid(pthread_self(), &t->cpu_clock) == 0;
+  weft__store(&t->kernel_tid, (int)syscall(SYS_gettid), WA_REL);
   /* Sleeps end at their deadline, not up to 50 us later (weft.h). */
   prctl(PR_SET_TIMERSLACK, (unsigned long)rt->timer_slack_ns, 0, 0, 0);
   pthread_mutex_lock(&rt->life_lock);
