@@ -59,12 +59,14 @@ void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns) {
   }
 }
 
+/* The home shard: a multiplicative hash of the strand's (or the timer's)
+ * address, mapped onto the shards by a multiply-shift instead of a modulo
+ * (a division costs more than the rest of a cancel). */
 static inline struct weft__shard *home_of(weft_timer *t) {
-  uintptr_t h =
-      (uintptr_t)(weft__timer_strand(t) ? t->owner : (uintptr_t)t) >> 6;
-  h ^= h >> 17;
+  uintptr_t p = weft__timer_strand(t) ? t->owner : (uintptr_t)t;
+  uint32_t h = (uint32_t)((p >> 6) ^ (p >> 38)) * 0x9e3779b1u;
   weft_rt *rt = weft__timer_rt(t);
-  return &rt->shards[h % rt->nshards];
+  return &rt->shards[((uint64_t)h * rt->nshards) >> 32];
 }
 
 static unsigned level_for(uint64_t elapsed, uint64_t when) {
