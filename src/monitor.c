@@ -227,14 +227,17 @@ static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
   return 1;
 }
 
-static void report(weft_rt *rt, struct weft__monitor *m, unsigned shard,
-                   struct weft__thread *t, uint64_t ran_ns, bool handed,
+/* What the thread is stuck in. cur_fn and cur_strand are stored before
+ * the epoch's hstate (release, read with acquire): read while that epoch
+ * is still current, they name its handler. False if it moved on. */
+static bool stuck_in(struct weft__thread *t, uint64_t hs, weft_stall *st) {
+  st->strand = weft__load(&t->cur_strand, WA_RLX);
+  st->handler = weft__load(&t->cur_fn, WA_RLX);
+  return (weft__load(&t->hstate, WA_ACQ) >> 2) == (hs >> 2);
+}
+
+static void report(weft_rt *rt, struct weft__monitor *m, weft_stall st,
                    uint64_t now) {
-  weft_stall st = {.shard = shard,
-                   .strand = weft__load(&t->cur_strand, WA_RLX),
-                   .handler = weft__load(&t->cur_fn, WA_RLX),
-                   .running_ns = ran_ns,
-                   .handed_off = handed};
   if (rt->on_stall) {
     rt->on_stall(&st, rt->on_stall_ctx);
     return;
@@ -246,9 +249,9 @@ static void report(weft_rt *rt, struct weft__monitor *m, unsigned shard,
   fprintf(stderr,
           "weft: handler %p (strand %p) has run %.1f ms on shard %u; %s"
           " (%llu more stalls not shown)\n",
-          st.handler, (void *)st.strand, ran_ns / 1e6, shard,
-          handed ? "its shard moved to another thread"
-                 : "no thread to move its shard to",
+          st.handler, (void *)st.strand, st.running_ns / 1e6, st.shard,
+          st.handed_off ? "its shard moved to another thread"
+                        : "no thread to move its shard to",
           (unsigned long long)m->suppressed);
   m->last_print_ns = now;
   m->suppressed = 0;
@@ -313,7 +316,8 @@ static void scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
       continue;
     if ((hs & 3) != WEFT_HS_IN)
       continue; /* BUSY: it is using its shard right now; next tick */
-    if (preempted(m, i, t, now))
+    weft_stall st = {.shard = i, .running_ns = now - m->since[i]};
+    if (preempted(m, i, t, now) || !stuck_in(t, hs, &st))
       continue;
     int r = m->handoff_ok ? handoff(rt, sh, t, hs) : -1;
     if (r == 0)
@@ -327,7 +331,8 @@ static void scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
     if (!m->reported[i]) {
       m->reported[i] = true;
       weft__stat_add(&sh->st_stalls, 1);
-      report(rt, m, i, t, now - m->since[i], r > 0, now);
+      st.handed_off = r > 0;
+      report(rt, m, st, now);
     }
   }
 }
