@@ -80,6 +80,13 @@ void weft__monitor_nudge(weft_rt *rt) {
 
 /* ---- spares ------------------------------------------------------------- */
 
+/* Slot states are read by stats and destroy: always under spare_lock. */
+static void set_slot_state(weft_rt *rt, struct weft__thread *t, int state) {
+  pthread_mutex_lock(&rt->spare_lock);
+  t->slot_state = state;
+  pthread_mutex_unlock(&rt->spare_lock);
+}
+
 /* Starts one more thread, which waits as a spare; false at max_threads. */
 static bool spawn_spare(weft_rt *rt) {
   pthread_mutex_lock(&rt->spare_lock);
@@ -108,9 +115,7 @@ static bool spawn_spare(weft_rt *rt) {
   pthread_mutex_unlock(&rt->spare_lock);
   /* Started with no shard: its loop makes it wait as a spare. */
   if (pthread_create(&slot->tid, NULL, weft__thread_entry, slot) != 0) {
-    pthread_mutex_lock(&rt->spare_lock);
-    slot->slot_state = WEFT_TH_FREE;
-    pthread_mutex_unlock(&rt->spare_lock);
+    set_slot_state(rt, slot, WEFT_TH_FREE);
     return false;
   }
   return true;
@@ -163,9 +168,7 @@ bool weft__spare_wait(struct weft__thread *t) {
   }
   weft__store(&t->wake, 0, WA_RLX);
   if (weft__load(&rt->done, WA_ACQ) || !t->shard) {
-    pthread_mutex_lock(&rt->spare_lock);
-    t->slot_state = WEFT_TH_EXITED;
-    pthread_mutex_unlock(&rt->spare_lock);
+    set_slot_state(rt, t, WEFT_TH_EXITED);
     return false;
   }
   return true;
