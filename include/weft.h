@@ -76,6 +76,18 @@ typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
 /* weft_config.flags */
 #define WEFT_CONFIG_NO_MONITOR 1u /* no monitor: no handoff, no reports */
 
+/* weft_config.backend: how the shards wait for sockets. AUTO takes
+ * io_uring and falls back to epoll by itself when io_uring is refused
+ * (kernel.io_uring_disabled, a seccomp filter, ENOSYS, a missing opcode);
+ * the environment variable WEFT_BACKEND=uring|epoll|none overrides AUTO.
+ * URING or EPOLL forces one: weft_rt_create fails if it cannot be set up.
+ * NONE: no sockets (the weft_tcp_* functions return -ENOTSUP); shards
+ * sleep on futexes. */
+#define WEFT_BACKEND_AUTO 0
+#define WEFT_BACKEND_URING 1
+#define WEFT_BACKEND_EPOLL 2
+#define WEFT_BACKEND_NONE 3
+
 typedef struct weft_config {
   /* Number of shards, each started with its own thread. 0: the number of
    * CPUs this process may run on (sched_getaffinity). 1..WEFT_MAX_WORKERS. */
@@ -104,6 +116,8 @@ typedef struct weft_config {
   /* Stall reports: NULL prints one line on stderr, at most once a second. */
   weft_stall_fn on_stall;
   void *on_stall_ctx;
+  /* WEFT_BACKEND_*; 0: AUTO. */
+  int backend;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
@@ -151,6 +165,11 @@ WEFT_API int weft_rt_destroy(weft_rt *rt);
 
 /* Number of shards (= worker threads) of the runtime. Any thread. */
 WEFT_API unsigned weft_rt_workers(const weft_rt *rt);
+
+/* The backend the runtime's shards use: WEFT_BACKEND_URING, _EPOLL or
+ * _NONE (never AUTO), and its name ("uring", "epoll", "none"). */
+WEFT_API int weft_rt_backend(const weft_rt *rt);
+WEFT_API const char *weft_rt_backend_name(const weft_rt *rt);
 
 /* Creates a strand: a serial executor. Its handlers run one at a time, in
  * the order they were posted (per posting thread; posts from different
@@ -289,6 +308,170 @@ WEFT_API int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
  * -EALREADY if it has started, finished or is unknown. Any thread. */
 WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
 
+/* ---- TCP -------------------------------------------------------------------
+ * Connections and listeners. Every callback of a connection runs on its
+ * strand: the one given to weft_tcp_connect, or one weft creates for it
+ * (accepted connections, or connect with strand NULL). Callbacks are never
+ * called from inside the weft_tcp_* call that causes them.
+ *
+ * Threads: weft_tcp_read, _write, _writev, _shutdown, _set_watermarks and
+ * the option setters must be called on the connection's strand (from one of
+ * its handlers or callbacks); elsewhere they fail with -EPERM. weft_tcp_close
+ * may be called from any thread. Connections and listeners live until
+ * closed: every one a user receives must be closed exactly once.
+ *
+ * Buffers are the caller's: a read buffer must stay valid until the read
+ * callback has been called, a write buffer (and, for writev, the memory the
+ * iovecs point to; the iovec array itself is copied) until the write
+ * callback has been called, whatever happens, including close and shutdown.
+ *
+ * Close: every operation in flight completes exactly once, with
+ * -ECANCELED when the close ended it, before the close callback; the
+ * kernel has released every buffer by then. weft_rt_shutdown closes every
+ * listener and connection of the runtime in the same way (in both modes; in
+ * CANCEL mode the callbacks still run, with -ECANCELED), and new ones fail
+ * with -ESHUTDOWN.
+ *
+ * Writes are sent in the order they were made, each completed when all its
+ * bytes are in the kernel; a partial send is continued, never reordered.
+ * Sends never raise SIGPIPE (MSG_NOSIGNAL); a closed peer gives -EPIPE or
+ * -ECONNRESET. EINTR is retried inside weft. */
+struct sockaddr;
+struct iovec;
+typedef struct weft_tcp weft_tcp;
+typedef struct weft_listener weft_listener;
+
+/* A new connection, on its own strand. Close it when done with it. */
+typedef void (*weft_accept_fn)(void *arg, weft_tcp *conn);
+/* status 0: connected; -ETIMEDOUT, -ECONNREFUSED, -ECANCELED (closed
+ * before it connected), other negative errno: failed (close it). */
+typedef void (*weft_connect_fn)(void *arg, weft_tcp *conn, int status);
+/* n > 0: bytes read into the buffer; 0: the peer closed its side (EOF);
+ * n < 0: -ECONNRESET, -ECANCELED (closed), other negative errno. */
+typedef void (*weft_read_fn)(void *arg, weft_tcp *conn, long n);
+/* 0: every byte is in the kernel; -ECANCELED: closed before it was all
+ * sent (part of it may have been); -EPIPE, -ECONNRESET, other negative
+ * errno: the connection failed. */
+typedef void (*weft_write_fn)(void *arg, weft_tcp *conn, int status);
+/* The connection is closed: its descriptor is closed and its memory goes
+ * back to weft after this returns. */
+typedef void (*weft_close_fn)(void *arg, weft_tcp *conn);
+/* Queued write bytes fell to the low watermark after a write was refused
+ * with -ENOBUFS: writing may resume. */
+typedef void (*weft_drain_fn)(void *arg, weft_tcp *conn);
+
+/* weft_listen_opts.flags */
+/* One listening socket on one shard, instead of one per shard bound with
+ * SO_REUSEPORT (the default: the kernel spreads connections over the shards'
+ * sockets, so no lock is shared between shards on the accept path). */
+#define WEFT_LISTEN_SINGLE 1u
+
+typedef struct weft_listen_opts {
+  int backlog;    /* listen() backlog per socket; 0: SOMAXCONN */
+  unsigned flags; /* WEFT_LISTEN_*; others must be zero */
+} weft_listen_opts;
+
+typedef struct weft_listener_stats {
+  uint64_t accepted;      /* connections handed to the accept callback */
+  uint64_t accept_calls;  /* accept attempts (syscalls or io_uring ops) */
+  uint64_t fd_limit_hits; /* EMFILE / ENFILE / ENOBUFS / ENOMEM from accept */
+  uint64_t dropped; /* connections closed at once while descriptors ran out */
+  uint64_t paused;  /* times accepting paused (then resumed with backoff) */
+} weft_listener_stats;
+
+/* Listens on addr (IPv4 or IPv6; port 0 picks a free port, the same for
+ * every shard's socket) and calls fn(arg, conn) on each new connection's
+ * strand. SO_REUSEADDR is set. When descriptors run out (EMFILE, ENFILE)
+ * accepting pauses, backing off from 1 ms to 100 ms, and resumes by
+ * itself; connections that arrive meanwhile are accepted and closed at
+ * once with a spare descriptor kept for that, so clients do not hang.
+ * opts may be NULL. Errors: -EINVAL (bad arguments or address family),
+ * -EADDRINUSE, -EACCES, -EADDRNOTAVAIL, -EMFILE, -ENOMEM, -ESHUTDOWN,
+ * -ENOTSUP (backend NONE). Any thread. */
+WEFT_API int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr,
+                             unsigned addrlen, const weft_listen_opts *opts,
+                             weft_accept_fn fn, void *arg, weft_listener **out);
+
+/* The bound address (with the port picked for port 0). *addrlen is the
+ * size of addr on entry, the address length on return. Any thread. */
+WEFT_API int weft_listener_addr(weft_listener *l, struct sockaddr *addr,
+                                unsigned *addrlen);
+WEFT_API int weft_listener_stats_get(weft_listener *l,
+                                     weft_listener_stats *out);
+
+/* Stops accepting and closes the sockets. done(arg), if not NULL, runs on
+ * any worker once no accept callback of l will start any more; l must not
+ * be used after this call. Connections already accepted are not affected.
+ * Errors: -EINVAL, -EALREADY (closed already, or by a shutdown: done is not
+ * called). Any thread. */
+WEFT_API int weft_listener_close(weft_listener *l, weft_fn done, void *arg);
+
+/* Connects to addr. *out receives the connection at once (so that it can
+ * be closed to give up); fn runs on the strand (NULL: a new one of its own)
+ * with the result. timeout_ns 0: the kernel's own (minutes).
+ * Errors (nothing was created): -EINVAL, -EXDEV (strand of another
+ * runtime), -EAFNOSUPPORT, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP. Any
+ * thread. */
+WEFT_API int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
+                              const struct sockaddr *addr, unsigned addrlen,
+                              uint64_t timeout_ns, weft_connect_fn fn,
+                              void *arg, weft_tcp **out);
+
+/* Reads up to len bytes (len is capped at 1 GiB) into buf; fn runs once
+ * with the result. One read at a time. Errors: -EINVAL (buf or fn NULL, len
+ * 0), -EBUSY (a read is in flight), -ENOTCONN (not connected yet),
+ * -EBADF (closing), -EPERM (not on the strand), -ESHUTDOWN. */
+WEFT_API int weft_tcp_read(weft_tcp *c, void *buf, size_t len, weft_read_fn fn,
+                           void *arg);
+
+/* Queues len bytes to send; fn (may be NULL) runs once when they are sent
+ * or failed. A zero-length write is accepted and completes in order.
+ * Errors: -EINVAL, -ENOBUFS (queued bytes would exceed the high watermark;
+ * a write into an empty queue is always accepted), -EPIPE (after
+ * weft_tcp_shutdown or a failed write), -ENOTCONN, -EBADF, -EPERM,
+ * -ESHUTDOWN, -ENOMEM. */
+WEFT_API int weft_tcp_write(weft_tcp *c, const void *buf, size_t len,
+                            weft_write_fn fn, void *arg);
+/* The same for iovcnt buffers (1..1024) sent as one write. */
+WEFT_API int weft_tcp_writev(weft_tcp *c, const struct iovec *iov, int iovcnt,
+                             weft_write_fn fn, void *arg);
+
+/* Bytes queued for sending and not yet in the kernel. On the strand. */
+WEFT_API size_t weft_tcp_queued(const weft_tcp *c);
+
+/* Write backpressure: a write that would take the queued bytes above high
+ * fails with -ENOBUFS (unless the queue is empty), and fn(arg, c) runs once
+ * the queue has drained to low or less. Defaults: low 64 KiB, high 1 MiB.
+ * Errors: -EINVAL (low > high, high 0), -EPERM. */
+WEFT_API int weft_tcp_set_watermarks(weft_tcp *c, size_t low, size_t high,
+                                     weft_drain_fn fn, void *arg);
+
+/* Half-close: sends FIN once the writes queued so far are sent; reading
+ * continues. Later writes fail with -EPIPE. Errors: -ENOTCONN, -EBADF,
+ * -EPERM, -EALREADY. */
+WEFT_API int weft_tcp_shutdown(weft_tcp *c);
+
+/* Closes c: in-flight operations complete with -ECANCELED (queued writes
+ * not yet sent included), then fn(arg, c) runs on the strand. With
+ * abortive non-zero the peer gets RST instead of FIN (SO_LINGER 0). c must
+ * not be used after this call except in the callbacks still to come.
+ * Errors: -EINVAL (c NULL), -EALREADY (already closing). Any thread. */
+WEFT_API int weft_tcp_close(weft_tcp *c, int abortive, weft_close_fn fn,
+                            void *arg);
+
+/* Options; on the strand. Errors: -EINVAL, -EPERM, -EBADF, or the
+ * setsockopt error. keepalive: idle_s (1..32767) seconds before probes. */
+WEFT_API int weft_tcp_nodelay(weft_tcp *c, int on);
+WEFT_API int weft_tcp_keepalive(weft_tcp *c, int on, unsigned idle_s);
+
+/* The connection's strand. Any thread. */
+WEFT_API weft_strand *weft_tcp_strand(const weft_tcp *c);
+/* Local and peer addresses (as weft_listener_addr). On the strand. */
+WEFT_API int weft_tcp_local_addr(weft_tcp *c, struct sockaddr *addr,
+                                 unsigned *addrlen);
+WEFT_API int weft_tcp_peer_addr(weft_tcp *c, struct sockaddr *addr,
+                                unsigned *addrlen);
+
 typedef struct weft_shard_stats {
   uint64_t handlers_run;       /* handlers run */
   uint64_t handlers_cancelled; /* handlers not run at CANCEL shutdown: their
@@ -302,6 +485,8 @@ typedef struct weft_shard_stats {
   uint64_t stalls;             /* handlers noticed running past the stall
                                   threshold on this shard */
   uint64_t handoffs;           /* times this shard moved to another thread */
+  uint64_t io_events;          /* backend completions or readiness events */
+  uint64_t io_enters;          /* io_uring_enter or epoll_wait calls */
 } weft_shard_stats;
 
 typedef struct weft_stats {
@@ -314,6 +499,7 @@ typedef struct weft_stats {
    * for those cancelled), but in no shard's counters. */
   uint64_t handlers_run_after_handoff;
   uint64_t blocking_done; /* blocking jobs whose done has returned */
+  uint64_t tcp_live;      /* connections and listener sockets not yet freed */
 } weft_stats;
 
 /* Counters of the runtime, summed over its shards. They are read without

@@ -24,6 +24,7 @@
 #define weft__fetch_add(p, v, mo) atomic_fetch_add_explicit((p), (v), mo)
 #define weft__fetch_sub(p, v, mo) atomic_fetch_sub_explicit((p), (v), mo)
 #define weft__fetch_or(p, v, mo) atomic_fetch_or_explicit((p), (v), mo)
+#define weft__fetch_and(p, v, mo) atomic_fetch_and_explicit((p), (v), mo)
 #define weft__fence(mo) atomic_thread_fence(mo)
 
 /* A counter written by one thread at a time and read by any: a relaxed load

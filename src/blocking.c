@@ -115,6 +115,7 @@ static void deliver(weft_rt *rt, struct job *j) {
   }
   n->fn = done_handler;
   n->cancel = done_handler; /* a finished job reports its result anyway */
+  n->embedded = 0;
   n->arg = j;
   if (j->strand)
     weft__strand_push(j->strand, local, n, false);

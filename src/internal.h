@@ -35,13 +35,16 @@ struct weft__link {
   _Atomic uintptr_t next;
 };
 
-/* A handler node: 32 bytes. In a strand's queue `link.next` holds the next
- * node (untagged); in the inject queue it holds the next item (tagged). */
+/* A handler node: 40 bytes. In a strand's queue `link.next` holds the next
+ * node (untagged); in the inject queue it holds the next item (tagged).
+ * An embedded node lives inside another object (a socket, tcp.c) and is
+ * not returned to the pool after it ran. */
 struct weft__node {
   struct weft__link link;
   weft_fn fn;
   weft_fn cancel;
   void *arg;
+  uint32_t embedded;
 };
 
 #define WEFT_STRAND_MAGIC 0x57465354u /* "WFST" */
@@ -201,6 +204,78 @@ void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
 void weft__timers_flush(weft_rt *rt);
 uint64_t weft__now_ns(void);
 
+/* ---- I/O backends (io.c, io_uring.c, io_epoll.c) -------------------------
+ * Each shard has one backend instance (io_uring ring or epoll set) and an
+ * eventfd that wakes the thread holding the shard when it sleeps there. The
+ * backend is used only by the shard's holder (the same exclusion as its run
+ * queue's owner side): submissions from handlers bracket it with
+ * weft__local_begin / weft__local_end. Completions and readiness events are
+ * turned into bits on the socket (tcp.c) and a post to its strand. */
+struct weft__sock;
+struct weft__thread;
+struct io_uring_sqe;
+
+#define WEFT_IO_EVBUF 64
+
+struct weft__io {
+  int kind; /* WEFT_BACKEND_URING or WEFT_BACKEND_EPOLL */
+  int efd;  /* eventfd: written to wake the holder from its wait */
+  struct weft__shard *sh;
+  unsigned unsubmitted; /* uring: SQEs prepared and not yet entered */
+  bool wake_armed;      /* uring: a read of efd is in the ring */
+  uint64_t efd_buf;     /* uring: that read's target */
+  void *ring;           /* uring: struct io_uring */
+  int epfd;             /* epoll */
+  unsigned nev, evpos;  /* epoll: events waited for, not yet dispatched */
+  uint64_t evdata[WEFT_IO_EVBUF];
+  uint32_t evbits[WEFT_IO_EVBUF];
+};
+
+/* An operation in the kernel (io_uring): user_data points here. */
+struct weft__op {
+  struct weft__sock *sock;
+  uint64_t bit; /* the socket's event bit its completion sets */
+  int32_t res;
+};
+
+int weft__io_init(weft_rt *rt, int backend);
+void weft__io_destroy(weft_rt *rt);
+const char *weft__backend_name(int kind);
+/* Run loop: submit what is prepared, dispatch what completed; idle: the
+ * shard's run queue is empty. */
+void weft__io_poll(struct weft__shard *sh, bool idle);
+/* Park: sleep in the backend until woken (t->wake), an event, or deadline
+ * (UINT64_MAX: none). Dispatches nothing (the thread is still counted
+ * parked); returns true when events wait to be dispatched. */
+bool weft__io_wait(struct weft__thread *t, struct weft__io *io,
+                   uint64_t deadline);
+/* Wakes t if it sleeps in a backend; false if it does not (use the futex). */
+bool weft__io_wake_thread(struct weft__thread *t);
+/* uring: an SQE of the shard's ring, NULL if the ring stays full. */
+struct io_uring_sqe *weft__uring_sqe(struct weft__shard *sh);
+void weft__uring_reap(struct weft__io *io);
+int weft__uring_setup(struct weft__io *io);
+void weft__uring_teardown(struct weft__io *io);
+void weft__uring_submit(struct weft__io *io);
+bool weft__uring_wait(struct weft__io *io, uint64_t deadline);
+/* epoll */
+int weft__epoll_setup(struct weft__io *io);
+bool weft__epoll_wait(struct weft__io *io, uint64_t deadline, bool block);
+void weft__epoll_dispatch(struct weft__io *io);
+
+/* Sockets (tcp.c): a completion or event for s; gen_tag: the generation
+ * the event was registered with (epoll), or UINT32_MAX (an op: s is alive
+ * while the op is in the kernel). */
+void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
+                       uint64_t bits, uint32_t gen_tag);
+/* epoll's registration word for s and its decoding */
+void weft__sock_event(struct weft__shard *local, uint64_t data,
+                      uint32_t events);
+/* At shutdown: every socket closes (tcp.c). */
+void weft__tcp_shutdown(weft_rt *rt);
+void weft__tcp_destroy(weft_rt *rt);
+size_t weft__sock_size(void);
+
 /* ---- shards, threads, runtime ------------------------------------------- */
 struct weft__thread;
 
@@ -217,6 +292,7 @@ struct weft__shard {
   struct weft__pool_cache node_cache;
   struct weft__pool_cache strand_cache;
   struct weft__pool_cache timer_cache;
+  struct weft__pool_cache sock_cache;
   /* timers: next deadline (ns, UINT64_MAX: none) readable without tlock */
   _Atomic uint64_t timer_next;
   pthread_mutex_t tlock;
@@ -227,6 +303,12 @@ struct weft__shard {
   _Atomic uint64_t st_handlers_run, st_handlers_cancelled, st_strands_run,
       st_steals, st_parks, st_wakeups, st_injected;
   _Atomic uint64_t st_strands_created, st_strands_freed;
+  _Atomic uint64_t st_io_events, st_io_enters;
+  struct weft__io *io; /* NULL: backend NONE */
+  /* sockets registered here, for the shutdown sweep (tcp.c) */
+  pthread_mutex_t tcp_lock;
+  struct weft__sock *tcp_list;
+  unsigned accept_rr; /* tcp.c: home shard for connections from outside */
 } WEFT_ALIGNED;
 
 /* The stall protocol (monitor.c has the argument). hstate is written only
@@ -251,6 +333,8 @@ struct weft__thread {
   /* while it sleeps in park: the timer deadline it sleeps until
    * (UINT64_MAX while it reads it); 0 otherwise (park.c, weft__kick) */
   _Atomic uint64_t sleep_until;
+  /* the backend it sleeps in (park.c, io.c), NULL otherwise */
+  _Atomic(struct weft__io *) io_sleep;
   _Atomic uint64_t hstate;
   uint64_t epoch;
   /* 0; 1: the monitor took the shard; 2: the thread saw it (monitor.c) */
@@ -302,7 +386,14 @@ struct weft_rt {
   struct weft__pool node_pool;
   struct weft__pool strand_pool;
   struct weft__pool timer_pool;
+  struct weft__pool sock_pool;
   unsigned timer_slack_ns;
+  int backend;                     /* WEFT_BACKEND_URING, _EPOLL or _NONE */
+  struct weft__io *ios;            /* one per shard, NULL for NONE */
+  _Atomic int64_t tcp_open;        /* sockets whose descriptor is open */
+  _Atomic uint64_t tcp_live;       /* sockets not yet freed */
+  _Atomic uint32_t tcp_rr;         /* home shard of sockets made outside */
+  struct weft_listener *listeners; /* under life_lock; freed at destroy */
 
   /* lifecycle; closing and cancelling only go 0 -> 1 */
   _Atomic uint32_t closing WEFT_ALIGNED;

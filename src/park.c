@@ -69,7 +69,7 @@ void weft__kick(struct weft__shard *sh, uint64_t deadline) {
   /* A thread that is not asleep reads timer_next before it sleeps, and one
    * asleep until no later than deadline wakes in time: no futex call. */
   if (t && deadline < weft__load(&t->sleep_until, WA_SC) &&
-      weft__cas(&t->wake, &zero, 2, WA_AR, WA_RLX))
+      weft__cas(&t->wake, &zero, 2, WA_SC, WA_RLX) && !weft__io_wake_thread(t))
     weft__futex_wake(&t->wake, 1);
 }
 
@@ -99,9 +99,11 @@ void weft__idle_destroy(struct weft__idle *idle) {
   free(idle->sleepers);
 }
 
+/* seq_cst store: against io_sleep in weft__io_wait (io.c's argument). */
 static void wake_thread(struct weft__thread *t) {
-  weft__store(&t->wake, 1, WA_REL);
-  weft__futex_wake(&t->wake, 1);
+  weft__store(&t->wake, 1, WA_SC);
+  if (!weft__io_wake_thread(t))
+    weft__futex_wake(&t->wake, 1);
 }
 
 /* Pops a sleeper and counts it unparked and searching; lock held. */
@@ -187,7 +189,8 @@ static bool shutdown_complete(weft_rt *rt, uint64_t state_after) {
          weft__load(&rt->inject.len, WA_SC) <= 0 &&
          weft__load(&rt->foreign_inflight, WA_SC) == 0 &&
          weft__load(&rt->lost_inflight, WA_SC) == 0 &&
-         weft__load(&rt->blocking_inflight, WA_SC) == 0;
+         weft__load(&rt->blocking_inflight, WA_SC) == 0 &&
+         weft__load(&rt->tcp_open, WA_SC) == 0;
 }
 
 /* Removes t from the sleepers if it is still there; lock held. */
@@ -202,10 +205,12 @@ static bool leave_sleepers(struct weft__idle *idle, struct weft__thread *t) {
 }
 
 /* Sleeps until a notifier pops t (returns true), or until t's shard has a
- * timer due or t was kicked and t left the sleepers by itself (returns
- * false: t is counted unparked, not searching). */
+ * timer due, I/O events, or t was kicked, and t left the sleepers by itself
+ * (returns false: t is counted unparked, not searching). A shard with a
+ * backend sleeps in it (io.c), others on the futex. */
 static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
   struct weft__idle *idle = &rt->idle;
+  bool io_ready = false;
   for (;;) {
     uint32_t w = weft__load(&t->wake, WA_ACQ);
     if (w == 1)
@@ -217,7 +222,8 @@ static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
     weft__store(&t->sleep_until, UINT64_MAX, WA_SC);
     uint64_t deadline = weft__load(&t->shard->timer_next, WA_SC);
     weft__store(&t->sleep_until, deadline, WA_SC);
-    if (w == 2 || (deadline != UINT64_MAX && weft__now_ns() >= deadline)) {
+    if (w == 2 || io_ready ||
+        (deadline != UINT64_MAX && weft__now_ns() >= deadline)) {
       pthread_mutex_lock(&idle->lock);
       bool left = leave_sleepers(idle, t);
       if (left)
@@ -233,7 +239,10 @@ static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
         weft__futex_wait(&t->wake, w);
       return true;
     }
-    if (deadline == UINT64_MAX)
+    struct weft__io *io = t->shard->io;
+    if (io)
+      io_ready = weft__io_wait(t, io, deadline);
+    else if (deadline == UINT64_MAX)
       weft__futex_wait(&t->wake, 0);
     else
       weft__futex_wait_until(&t->wake, 0, deadline);

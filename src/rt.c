@@ -56,8 +56,13 @@ static void prefill(weft_rt *rt, struct weft__shard *sh) {
 }
 
 static void rt_free(weft_rt *rt) {
-  for (unsigned i = 0; i < rt->nshards; i++)
+  weft__tcp_destroy(rt);
+  weft__io_destroy(rt);
+  for (unsigned i = 0; i < rt->nshards; i++) {
     pthread_mutex_destroy(&rt->shards[i].tlock);
+    pthread_mutex_destroy(&rt->shards[i].tcp_lock);
+  }
+  weft__pool_destroy(&rt->sock_pool);
   weft__pool_destroy(&rt->node_pool);
   weft__pool_destroy(&rt->strand_pool);
   weft__pool_destroy(&rt->timer_pool);
@@ -85,7 +90,8 @@ static int resolve(const weft_config *in, weft_config *out) {
       out->workers > WEFT_MAX_WORKERS || out->batch > WEFT_MAX_BATCH ||
       (out->stall_threshold_ns && out->stall_threshold_ns < MIN_STALL_NS) ||
       (out->max_threads && out->max_threads < out->workers) ||
-      out->max_threads > 4 * WEFT_MAX_WORKERS)
+      out->max_threads > 4 * WEFT_MAX_WORKERS || out->backend < 0 ||
+      out->backend > WEFT_BACKEND_NONE)
     return -EINVAL;
   if (!out->workers)
     out->workers = cpus_allowed();
@@ -186,6 +192,7 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   weft__pool_init(&rt->node_pool, sizeof(struct weft__node));
   weft__pool_init(&rt->strand_pool, WEFT_CACHELINE);
   weft__pool_init(&rt->timer_pool, sizeof(struct weft_timer));
+  weft__pool_init(&rt->sock_pool, weft__sock_size());
   weft__inject_init(&rt->inject);
   pthread_mutex_init(&rt->life_lock, NULL);
   pthread_condattr_t ca; /* weft_rt_wait measures CLOCK_MONOTONIC */
@@ -228,6 +235,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     weft__runq_init(&sh->rq);
     weft__runq_init(&sh->prq);
     pthread_mutex_init(&sh->tlock, NULL);
+    pthread_mutex_init(&sh->tcp_lock, NULL);
     weft__wheel_init(&sh->wheel, now);
     weft__store(&sh->timer_next, UINT64_MAX, WA_RLX);
     sh->rt = rt;
@@ -239,7 +247,10 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     weft__store(&sh->owner, t, WA_RLX);
     prefill(rt, sh);
   }
-  r = start_threads(rt, !(c.flags & WEFT_CONFIG_NO_MONITOR));
+  /* Rings or epoll sets, eventfds: before any thread can sleep in them. */
+  r = weft__io_init(rt, c.backend);
+  if (!r)
+    r = start_threads(rt, !(c.flags & WEFT_CONFIG_NO_MONITOR));
   if (r) {
     rt_free(rt);
     return r;
@@ -298,6 +309,7 @@ int weft_rt_shutdown(weft_rt *rt, int how) {
     weft__store(&rt->cancelling, 1, WA_SC);
   weft__store(&rt->closing, 1, WA_SC);
   weft__timers_flush(rt);
+  weft__tcp_shutdown(rt);
   weft__blocking_shutdown(rt);
   weft__foreign_exit(rt); /* pokes: an idle runtime has nobody awake */
   if (!nowait)
@@ -357,6 +369,8 @@ static void add_shard(weft_shard_stats *o, struct weft__shard *sh) {
   o->timers_fired += weft__load(&sh->st_timers_fired, WA_RLX);
   o->stalls += weft__load(&sh->st_stalls, WA_RLX);
   o->handoffs += weft__load(&sh->st_handoffs, WA_RLX);
+  o->io_events += weft__load(&sh->st_io_events, WA_RLX);
+  o->io_enters += weft__load(&sh->st_io_enters, WA_RLX);
 }
 
 int weft_rt_stats(weft_rt *rt, weft_stats *out) {
@@ -384,6 +398,7 @@ int weft_rt_stats(weft_rt *rt, weft_stats *out) {
   pthread_mutex_unlock(&rt->spare_lock);
   weft__blocking_stats(rt, out);
   out->total.timers_fired += weft__load(&rt->foreign_timers_fired, WA_RLX);
+  out->tcp_live = weft__load(&rt->tcp_live, WA_RLX);
   return 0;
 }
 

@@ -57,6 +57,15 @@ static struct weft__pool_cache *node_cache(struct weft__shard *sh) {
   return sh ? &sh->node_cache : NULL;
 }
 
+/* After a node ran. An embedded node's `embedded` is written only when its
+ * owner is created, so reading it here races with nothing, even if the
+ * owner has already pushed the node again (tcp.c). */
+static inline void node_free(weft_rt *rt, struct weft__pool_cache *nc,
+                             struct weft__node *n) {
+  if (!n->embedded)
+    weft__pool_free(&rt->node_pool, nc, n);
+}
+
 int weft_strand_create(weft_rt *rt, weft_strand **out) {
   if (!rt || !out)
     return -EINVAL;
@@ -172,6 +181,7 @@ static int post_begin(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg,
   n->fn = fn;
   n->cancel = cancel;
   n->arg = arg;
+  n->embedded = 0;
   *shp = sh;
   *np = n;
   return 0;
@@ -254,7 +264,7 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   weft__handler_enter(self, (void *)n->fn, NULL);
   int ran = invoke(rt, n);
   sh = weft__handler_leave(self);
-  weft__pool_free(&rt->node_pool, node_cache(sh), n);
+  node_free(rt, node_cache(sh), n);
   count(rt, sh, ran);
 }
 
@@ -290,7 +300,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       weft__schedule(rt, sh, (weft__item)s);
       return;
     }
-    weft__pool_free(&rt->node_pool, &sh->node_cache, s->ran);
+    node_free(rt, &sh->node_cache, s->ran);
     s->ran = NULL;
   }
   weft__stat_add(&sh->st_strands_run, 1);
@@ -312,13 +322,13 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       uintptr_t expect = (uintptr_t)n;
       bool self_released = s->self_released; /* read while s is ours */
       if (weft__cas(&s->tail, &expect, 0, WA_AR, WA_ACQ)) {
-        weft__pool_free(&rt->node_pool, nc, n);
+        node_free(rt, nc, n);
         if (self_released)
           strand_reclaim(s); /* released: nobody may push any more */
         break;               /* idle: s is no longer ours */
       }
       if (expect == ((uintptr_t)n | RELEASED_BIT)) {
-        weft__pool_free(&rt->node_pool, nc, n);
+        node_free(rt, nc, n);
         strand_reclaim(s);
         break;
       }
@@ -330,7 +340,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
         break;
       }
     }
-    weft__pool_free(&rt->node_pool, nc, n);
+    node_free(rt, nc, n);
     n = next;
     if (sh && (budget & 7) == 1 && timer_due(sh))
       budget = 1; /* a timer is due here: end the turn, let it fire */

@@ -192,6 +192,7 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
   f->missed = t->missed;
   n->fn = cancel ? tramp_cancel : tramp;
   n->cancel = tramp_cancel;
+  n->embedded = 0;
   n->arg = f;
   if (weft__timer_strand(t))
     weft__strand_push(weft__timer_strand(t), local, n, true);

@@ -1,0 +1,172 @@
+/*
+ * io.c - the I/O backend of each shard: choosing it, setting it up, polling
+ * it from the run loop, sleeping in it and waking a thread out of it. Owns
+ * rt->ios (one struct weft__io per shard). The two backends live in
+ * io_uring.c and io_epoll.c.
+ *
+ * Choice: WEFT_BACKEND_AUTO tries io_uring on every shard and falls back to
+ * epoll for the whole runtime if any setup fails (io_uring_disabled,
+ * seccomp's EPERM, ENOSYS, a kernel without the opcodes we use), so one
+ * runtime never mixes backends. WEFT_BACKEND=uring|epoll|none in the
+ * environment overrides AUTO only.
+ *
+ * Sleeping (no lost wakeup): the sleeper stores t->io_sleep = io, then
+ * loads t->wake, and sleeps in the backend only if it is 0; a waker stores
+ * t->wake, then loads t->io_sleep and writes the eventfd if it is set.
+ * All four accesses are seq_cst, so at least one side sees the other's
+ * store: the sleeper does not sleep, or the waker writes the eventfd, whose
+ * counter stays set until read, so a wait that starts after the write
+ * returns at once.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+const char *weft__backend_name(int kind) {
+  switch (kind) {
+  case WEFT_BACKEND_URING:
+    return "uring";
+  case WEFT_BACKEND_EPOLL:
+    return "epoll";
+  default:
+    return "none";
+  }
+}
+
+static int env_backend(void) {
+  const char *e = getenv("WEFT_BACKEND");
+  if (!e || !*e)
+    return WEFT_BACKEND_AUTO;
+  if (!strcmp(e, "uring") || !strcmp(e, "io_uring"))
+    return WEFT_BACKEND_URING;
+  if (!strcmp(e, "epoll"))
+    return WEFT_BACKEND_EPOLL;
+  if (!strcmp(e, "none"))
+    return WEFT_BACKEND_NONE;
+  return -EINVAL;
+}
+
+static void io_teardown(struct weft__io *io) {
+  if (io->kind == WEFT_BACKEND_URING)
+    weft__uring_teardown(io);
+  else if (io->kind == WEFT_BACKEND_EPOLL && io->epfd >= 0)
+    close(io->epfd);
+  if (io->efd >= 0)
+    close(io->efd);
+  io->kind = WEFT_BACKEND_NONE;
+  io->efd = io->epfd = -1;
+}
+
+static int io_setup(struct weft__io *io, struct weft__shard *sh, int kind) {
+  memset(io, 0, sizeof(*io));
+  io->sh = sh;
+  io->epfd = -1;
+  io->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (io->efd < 0)
+    return -errno;
+  io->kind = kind;
+  int r = kind == WEFT_BACKEND_URING ? weft__uring_setup(io)
+                                     : weft__epoll_setup(io);
+  if (r) {
+    if (kind == WEFT_BACKEND_URING)
+      io->kind = WEFT_BACKEND_NONE; /* setup cleaned up after itself */
+    io_teardown(io);
+  }
+  return r;
+}
+
+static int setup_all(weft_rt *rt, int kind) {
+  for (unsigned i = 0; i < rt->nshards; i++) {
+    int r = io_setup(&rt->ios[i], &rt->shards[i], kind);
+    if (r) {
+      while (i--)
+        io_teardown(&rt->ios[i]);
+      return r;
+    }
+  }
+  for (unsigned i = 0; i < rt->nshards; i++)
+    rt->shards[i].io = &rt->ios[i];
+  rt->backend = kind;
+  return 0;
+}
+
+int weft__io_init(weft_rt *rt, int backend) {
+  rt->backend = WEFT_BACKEND_NONE;
+  if (backend == WEFT_BACKEND_AUTO)
+    backend = env_backend();
+  if (backend < 0)
+    return backend;
+  if (backend == WEFT_BACKEND_NONE)
+    return 0;
+  rt->ios = calloc(rt->nshards, sizeof(*rt->ios));
+  if (!rt->ios)
+    return -ENOMEM;
+  int r;
+  if (backend == WEFT_BACKEND_AUTO) {
+    r = setup_all(rt, WEFT_BACKEND_URING);
+    if (r && r != -ENOMEM && r != -EMFILE && r != -ENFILE)
+      r = setup_all(rt, WEFT_BACKEND_EPOLL);
+  } else {
+    r = setup_all(rt, backend);
+  }
+  if (r) {
+    free(rt->ios);
+    rt->ios = NULL;
+  }
+  return r;
+}
+
+void weft__io_destroy(weft_rt *rt) {
+  if (!rt->ios)
+    return;
+  for (unsigned i = 0; i < rt->nshards; i++)
+    io_teardown(&rt->ios[i]);
+  free(rt->ios);
+  rt->ios = NULL;
+}
+
+void weft__io_poll(struct weft__shard *sh, bool idle) {
+  struct weft__io *io = sh->io;
+  if (io->kind == WEFT_BACKEND_URING) {
+    /* Prepared SQEs go in when the shard runs out of work, or in groups
+     * while it is busy, so one enter carries many. */
+    if (io->unsubmitted &&
+        (idle || io->unsubmitted >= 16 || (sh->tick & 7) == 0))
+      weft__uring_submit(io);
+    weft__uring_reap(io);
+    return;
+  }
+  if (io->nev == 0 && (idle || (sh->tick & 15) == 0))
+    weft__epoll_wait(io, 0, false);
+  weft__epoll_dispatch(io);
+}
+
+bool weft__io_wait(struct weft__thread *t, struct weft__io *io,
+                   uint64_t deadline) {
+  weft__store(&t->io_sleep, io, WA_SC);
+  bool events;
+  if (weft__load(&t->wake, WA_SC) != 0)
+    events = false;
+  else if (io->kind == WEFT_BACKEND_URING)
+    events = weft__uring_wait(io, deadline);
+  else
+    events = weft__epoll_wait(io, deadline, true);
+  weft__store(&t->io_sleep, NULL, WA_SC);
+  weft__stat_add(&io->sh->st_io_enters, 1);
+  return events;
+}
+
+bool weft__io_wake_thread(struct weft__thread *t) {
+  struct weft__io *io = weft__load(&t->io_sleep, WA_SC);
+  if (!io)
+    return false;
+  uint64_t one = 1;
+  /* EAGAIN: the counter is saturated, so the sleeper wakes anyway. */
+  while (write(io->efd, &one, sizeof(one)) < 0 && errno == EINTR) {
+  }
+  return true;
+}

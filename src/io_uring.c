@@ -1,0 +1,194 @@
+/*
+ * io_uring.c - the io_uring backend (liburing): one ring per shard, used
+ * only by the thread holding the shard. Owns the ring, its wake read and
+ * the reaping of completions.
+ *
+ * Every operation in the ring is either the wake read (user_data 0: a read
+ * of the shard's eventfd, re-armed after each completion) or a socket
+ * operation whose user_data is a struct weft__op embedded in the socket;
+ * the socket stays alive until that op's completion has been handed to it
+ * (tcp.c), so a completion never reaches a socket that reused its memory.
+ *
+ * Setup asks for COOP_TASKRUN and TASKRUN_FLAG (5.19; no interrupting IPI
+ * per completion, the kernel raises IORING_SQ_TASKRUN instead) and falls
+ * back to plain flags on older kernels (-EINVAL). The CQ is 16 times the SQ;
+ * IORING_FEAT_NODROP (5.5) keeps completions that overflow it in the kernel,
+ * and an enter that fails with -EBUSY because of them is retried after
+ * reaping. Missing opcodes (a probe) make setup fail, so that AUTO falls
+ * back to epoll.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <liburing.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SQ_ENTRIES 256
+#define CQ_ENTRIES 4096
+
+static struct io_uring *ring_of(struct weft__io *io) { return io->ring; }
+
+static int probe_ok(struct io_uring *ring) {
+  static const int ops[] = {IORING_OP_RECV,   IORING_OP_SENDMSG,
+                            IORING_OP_ACCEPT, IORING_OP_CONNECT,
+                            IORING_OP_READ,   IORING_OP_ASYNC_CANCEL};
+  struct io_uring_probe *p = io_uring_get_probe_ring(ring);
+  if (!p)
+    return -ENOSYS;
+  int r = 0;
+  for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
+    if (!io_uring_opcode_supported(p, ops[i]))
+      r = -ENOSYS;
+  io_uring_free_probe(p);
+  return r;
+}
+
+static void arm_wake(struct weft__io *io) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(ring_of(io));
+  if (!sqe)
+    return; /* retried after the next submit (weft__uring_reap) */
+  io_uring_prep_read(sqe, io->efd, &io->efd_buf, sizeof(io->efd_buf), 0);
+  io_uring_sqe_set_data(sqe, NULL);
+  io->wake_armed = true;
+  io->unsubmitted++;
+}
+
+int weft__uring_setup(struct weft__io *io) {
+  struct io_uring *ring = calloc(1, sizeof(*ring));
+  if (!ring)
+    return -ENOMEM;
+  struct io_uring_params p;
+  memset(&p, 0, sizeof(p));
+  p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_COOP_TASKRUN |
+            IORING_SETUP_TASKRUN_FLAG;
+  p.cq_entries = CQ_ENTRIES;
+  int r = io_uring_queue_init_params(SQ_ENTRIES, ring, &p);
+  if (r == -EINVAL) {
+    memset(&p, 0, sizeof(p));
+    p.flags = IORING_SETUP_CQSIZE;
+    p.cq_entries = CQ_ENTRIES;
+    r = io_uring_queue_init_params(SQ_ENTRIES, ring, &p);
+  }
+  if (r) {
+    free(ring);
+    return r;
+  }
+  if (!(p.features & IORING_FEAT_NODROP) || !(p.features & IORING_FEAT_EXT_ARG))
+    r = -ENOSYS; /* 5.11 and later have both */
+  if (!r)
+    r = probe_ok(ring);
+  if (r) {
+    io_uring_queue_exit(ring);
+    free(ring);
+    return r;
+  }
+  io->ring = ring;
+  arm_wake(io);
+  return 0;
+}
+
+void weft__uring_teardown(struct weft__io *io) {
+  if (!io->ring)
+    return;
+  io_uring_queue_exit(ring_of(io));
+  free(io->ring);
+  io->ring = NULL;
+}
+
+void weft__uring_submit(struct weft__io *io) {
+  for (;;) {
+    int r = io_uring_submit(ring_of(io));
+    weft__stat_add(&io->sh->st_io_enters, 1);
+    if (r >= 0 || (r != -EINTR && r != -EBUSY && r != -EAGAIN)) {
+      /* Errors other than those are about the ring itself, which we set
+       * up correctly: they leave the SQEs for the next try. */
+      io->unsubmitted = r >= 0 ? 0 : io->unsubmitted;
+      return;
+    }
+    if (r == -EINTR)
+      continue;
+    /* Overflowed completions or no memory for requests: make room. */
+    if (!io_uring_cq_ready(ring_of(io)))
+      return;
+    weft__uring_reap(io);
+  }
+}
+
+struct io_uring_sqe *weft__uring_sqe(struct weft__shard *sh) {
+  struct weft__io *io = sh->io;
+  for (int i = 0; i < 4; i++) {
+    struct io_uring_sqe *sqe = io_uring_get_sqe(ring_of(io));
+    if (sqe) {
+      io->unsubmitted++;
+      return sqe;
+    }
+    weft__uring_submit(io);
+  }
+  return NULL;
+}
+
+void weft__uring_reap(struct weft__io *io) {
+  struct io_uring *ring = ring_of(io);
+  if (IO_URING_READ_ONCE(*ring->sq.kflags) &
+      (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW))
+    io_uring_get_events(ring); /* run task work, flush overflow */
+  unsigned head, n = 0;
+  struct io_uring_cqe *cqe;
+  uint64_t events = 0;
+  io_uring_for_each_cqe(ring, head, cqe) {
+    struct weft__op *op = io_uring_cqe_get_data(cqe);
+    n++;
+    if (!op) {
+      io->wake_armed = false; /* the eventfd was read: woken */
+      continue;
+    }
+    op->res = cqe->res;
+    weft__sock_signal(io->sh, op->sock, op->bit, UINT32_MAX);
+    events++;
+  }
+  if (n)
+    io_uring_cq_advance(ring, n);
+  if (events)
+    weft__stat_add(&io->sh->st_io_events, events);
+  if (!io->wake_armed)
+    arm_wake(io);
+}
+
+bool weft__uring_wait(struct weft__io *io, uint64_t deadline) {
+  struct io_uring *ring = ring_of(io);
+  if (!io->wake_armed)
+    arm_wake(io);
+  struct __kernel_timespec ts, *tsp = NULL;
+  if (deadline != UINT64_MAX) {
+    uint64_t now = weft__now_ns();
+    uint64_t rel = deadline > now ? deadline - now : 0;
+    ts.tv_sec = (long long)(rel / 1000000000u);
+    ts.tv_nsec = (long long)(rel % 1000000000u);
+    tsp = &ts;
+  }
+  struct io_uring_cqe *cqe;
+  int r = io_uring_submit_and_wait_timeout(ring, &cqe, 1, tsp, NULL);
+  if (r >= 0 || r == -ETIME)
+    io->unsubmitted = 0;
+  /* Anything but the wake read waiting? Those are dispatched once the
+   * thread has left the sleepers (park.c). Wake reads alone are consumed
+   * here, so that the next wait does not return at once for them. */
+  unsigned head, n = 0;
+  bool events = false;
+  io_uring_for_each_cqe(ring, head, cqe) {
+    if (io_uring_cqe_get_data(cqe)) {
+      events = true;
+      break;
+    }
+    n++;
+  }
+  if (!events && n) {
+    io_uring_cq_advance(ring, n);
+    io->wake_armed = false;
+    arm_wake(io);
+  }
+  return events || (IO_URING_READ_ONCE(*ring->sq.kflags) &
+                    (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW));
+}

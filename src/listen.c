@@ -1,0 +1,371 @@
+/*
+ * listen.c - listeners: one listening socket per shard bound with
+ * SO_REUSEPORT (or one socket, WEFT_LISTEN_SINGLE), accepting, and running
+ * out of descriptors. Owns struct weft_listener and the listener side of
+ * struct weft__sock.
+ *
+ * Why a socket per shard: the kernel spreads incoming connections over the
+ * sockets of a reuseport group by a hash of the 4-tuple, each socket has
+ * its own accept queue and lock, and each is served by its own strand, so
+ * nothing on the accept path is shared between shards, in the kernel or
+ * here (compare one socket whose accept queue every thread contends on,
+ * context/haproxy-fd-cas-multithread-accept.txt). The cost: a stuck shard's
+ * queue waits for the monitor's handoff, and another process of the same
+ * user may join the group; WEFT_LISTEN_SINGLE avoids the latter.
+ *
+ * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike): a listener
+ * keeps one spare descriptor (/dev/null). On the error it closes the spare,
+ * accepts and closes at once up to 64 waiting connections (their clients
+ * see a reset or EOF instead of hanging), opens the spare again, and pauses
+ * accepting for a backoff that doubles from 1 ms to 100 ms and resets on
+ * the next successful accept. No accept call is made while paused.
+ */
+#include "tcp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define ACCEPT_BUDGET 64
+#define BACKOFF_MIN_NS 1000000ull
+#define BACKOFF_MAX_NS 100000000ull
+
+struct weft_listener {
+  weft_rt *rt;
+  struct weft_listener *next; /* rt->listeners, under life_lock */
+  _Atomic uint32_t closed;    /* weft_listener_close was called */
+  _Atomic unsigned open_socks;
+  _Atomic int reserve; /* the spare descriptor, -1 while in use */
+  weft_fn done;
+  void *done_arg;
+  struct sockaddr_storage addr;
+  unsigned addrlen;
+  _Atomic uint64_t st_accepted, st_calls, st_limit, st_dropped, st_paused;
+  unsigned n;
+  uint32_t *gens; /* socks[i]'s generation, for signals after its free */
+  struct weft__sock *socks[];
+};
+
+static bool is_uring(const struct weft__sock *s) {
+  return s->rt->backend == WEFT_BACKEND_URING;
+}
+
+/* uring listeners are blocking sockets: accept only what is waiting. */
+static bool pending(int fd) {
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
+}
+
+static int sync_accept(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
+  if (is_uring(s) && !pending(s->fd))
+    return -EAGAIN;
+  weft__fetch_add(&l->st_calls, 1, WA_RLX);
+  int fd = accept4(s->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  return fd < 0 ? -errno : fd;
+}
+
+static void resume(void *arg, int status, uint64_t missed) {
+  struct weft__sock *s = arg;
+  (void)missed;
+  if (status || s->state != ST_OPEN)
+    return;
+  s->paused = false;
+  s->readable = true; /* an edge may have come and gone meanwhile */
+  weft__sock_kick(s);
+}
+
+/* Descriptors ran out: drop what waits, using the spare, then pause. */
+static void fd_limit(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
+  weft__fetch_add(&l->st_limit, 1, WA_RLX);
+  int spare = weft__xchg(&l->reserve, -1, WA_ACQ);
+  if (spare >= 0) {
+    close(spare);
+    for (int i = 0; i < ACCEPT_BUDGET; i++) {
+      int fd = sync_accept(s);
+      if (fd == -EINTR)
+        continue;
+      if (fd < 0)
+        break;
+      close(fd);
+      weft__fetch_add(&l->st_dropped, 1, WA_RLX);
+    }
+    spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    weft__store(&l->reserve, spare, WA_REL); /* -1: reopened on resume */
+  }
+  s->paused = true;
+  weft__fetch_add(&l->st_paused, 1, WA_RLX);
+  s->backoff_ns = s->backoff_ns ? s->backoff_ns * 2 : BACKOFF_MIN_NS;
+  if (s->backoff_ns > BACKOFF_MAX_NS)
+    s->backoff_ns = BACKOFF_MAX_NS;
+  if (weft_timer_start(s->timer, s->backoff_ns, 0, resume, s) < 0)
+    s->paused = false; /* shutting down: the sweep closes us */
+}
+
+static void reopen_spare(struct weft_listener *l) {
+  int none = -1;
+  if (weft__load(&l->reserve, WA_RLX) >= 0)
+    return;
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd >= 0 && !weft__cas(&l->reserve, &none, fd, WA_REL, WA_RLX))
+    close(fd);
+}
+
+/* One accept result: a descriptor or a negative errno. false: stop. */
+static bool accepted(struct weft__sock *s, int fd) {
+  struct weft_listener *l = s->lst;
+  if (fd >= 0) {
+    s->backoff_ns = 0;
+    weft__fetch_add(&l->st_accepted, 1, WA_RLX);
+    weft__conn_accepted(s, fd);
+    return true;
+  }
+  switch (fd) {
+  case -EINTR:
+  case -ECONNABORTED:
+  case -EPROTO:
+  case -EPERM: /* a firewall refused this one */
+    return true;
+  case -EMFILE:
+  case -ENFILE:
+  case -ENOBUFS:
+  case -ENOMEM:
+    fd_limit(s);
+    return false;
+  case -EAGAIN:
+    s->readable = false;
+    return false;
+  default:
+    return false; /* -EINVAL: the socket was shut down */
+  }
+}
+
+static void accept_submit(struct weft__sock *s) {
+  struct weft__shard *sh = weft__local_begin(s->rt);
+  struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
+  if (sqe) {
+    io_uring_prep_accept(sqe, s->fd, NULL, NULL, SOCK_CLOEXEC);
+    io_uring_sqe_set_data(sqe, &s->rop);
+    s->rd_inflight = true;
+    weft__fetch_add(&s->lst->st_calls, 1, WA_RLX);
+  }
+  weft__local_end(sh);
+  if (!sqe)
+    weft__sock_kick(s);
+}
+
+static void accept_more(struct weft__sock *s) {
+  if (s->paused)
+    return;
+  reopen_spare(s->lst);
+  if (is_uring(s)) {
+    if (!s->rd_inflight)
+      accept_submit(s);
+    return;
+  }
+  for (int i = 0; i < ACCEPT_BUDGET; i++)
+    if (!s->readable || !accepted(s, sync_accept(s)))
+      return;
+  weft__sock_kick(s); /* more may wait: after other strands' turns */
+}
+
+static void lsock_finished(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
+  weft__sock_close_fd(s);
+  s->state = ST_CLOSED;
+  if (weft__fetch_sub(&l->open_socks, 1, WA_SC) == 1 &&
+      weft__load(&l->closed, WA_SC) && l->done)
+    l->done(l->done_arg);
+  weft__sock_free(s);
+}
+
+void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
+  if (bits & EV_RDONE) {
+    s->rd_inflight = false;
+    int res = s->rop.res;
+    if (s->state != ST_OPEN) {
+      if (res >= 0)
+        close(res);
+    } else {
+      accepted(s, res); /* then accept_more submits the next one */
+    }
+  }
+  if (bits & EV_IN)
+    s->readable = true;
+  if ((bits & (EV_CLOSE | EV_SHUTDOWN)) && s->state == ST_OPEN) {
+    s->state = ST_CLOSING;
+    weft_timer_cancel(s->timer);
+    if (s->rd_inflight)
+      shutdown(s->fd, SHUT_RDWR); /* ends the accept in the kernel */
+  }
+  if (s->state == ST_OPEN)
+    accept_more(s);
+  else if (s->state == ST_CLOSING && !s->rd_inflight)
+    lsock_finished(s);
+}
+
+/* ---- the API ---------------------------------------------------------------
+ */
+
+static int bind_one(weft_rt *rt, struct weft_listener *l, bool reuseport,
+                    int backlog) {
+  int fd = weft__tcp_socket(rt, l->addr.ss_family);
+  if (fd < 0)
+    return fd;
+  int one = 1;
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+      (reuseport &&
+       setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) ||
+      bind(fd, (struct sockaddr *)&l->addr, l->addrlen) < 0 ||
+      listen(fd, backlog) < 0) {
+    int r = -errno;
+    close(fd);
+    return r;
+  }
+  /* Port 0: the next sockets of the group bind the port picked now. */
+  socklen_t len = sizeof(l->addr);
+  if (getsockname(fd, (struct sockaddr *)&l->addr, &len) < 0) {
+    int r = -errno;
+    close(fd);
+    return r;
+  }
+  l->addrlen = len;
+  return fd;
+}
+
+static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd,
+                     weft_accept_fn fn, void *arg) {
+  struct weft__sock *s = weft__sock_new(rt, fd, SK_LISTEN, NULL, i);
+  if (!s) {
+    close(fd);
+    return -ENOMEM;
+  }
+  s->lst = l;
+  s->afn = fn;
+  s->aarg = arg;
+  s->state = ST_OPEN;
+  s->readable = true;
+  int r = weft_timer_create(rt, s->strand, &s->timer);
+  if (!r)
+    r = weft__sock_register(s, i);
+  if (r) {
+    weft__sock_discard(s);
+    return r;
+  }
+  l->socks[i] = s;
+  l->gens[i] = s->gen;
+  return 0;
+}
+
+static void listener_free(struct weft_listener *l) {
+  int fd = weft__load(&l->reserve, WA_RLX);
+  if (fd >= 0)
+    close(fd);
+  free(l);
+}
+
+int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
+                    const weft_listen_opts *opts, weft_accept_fn fn, void *arg,
+                    weft_listener **out) {
+  int r = weft__tcp_check(rt, addr, addrlen);
+  if (r)
+    return r;
+  unsigned flags = opts ? opts->flags : 0;
+  int backlog = opts && opts->backlog ? opts->backlog : SOMAXCONN;
+  if (!fn || !out || addrlen > sizeof(struct sockaddr_storage) ||
+      (flags & ~WEFT_LISTEN_SINGLE) || backlog < 0)
+    return -EINVAL;
+  unsigned n = (flags & WEFT_LISTEN_SINGLE) ? 1 : rt->nshards;
+  struct weft_listener *l =
+      calloc(1, sizeof(*l) + n * sizeof(l->socks[0]) + n * sizeof(uint32_t));
+  if (!l)
+    return -ENOMEM;
+  l->gens = (uint32_t *)&l->socks[n];
+  l->rt = rt;
+  l->n = n;
+  memcpy(&l->addr, addr, addrlen);
+  l->addrlen = addrlen;
+  int spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  weft__store(&l->reserve, spare, WA_RLX);
+  if (spare < 0)
+    r = -errno;
+  unsigned made = 0;
+  for (; !r && made < n; made++) {
+    int fd = bind_one(rt, l, n > 1, backlog);
+    r = fd < 0 ? fd : lsock_add(rt, l, made, fd, fn, arg);
+    if (r)
+      break;
+  }
+  if (r) {
+    for (unsigned i = 0; i < made; i++)
+      weft__sock_discard(l->socks[i]);
+    listener_free(l);
+    return r;
+  }
+  weft__store(&l->open_socks, n, WA_RLX);
+  pthread_mutex_lock(&rt->life_lock);
+  l->next = rt->listeners;
+  rt->listeners = l;
+  pthread_mutex_unlock(&rt->life_lock);
+  for (unsigned i = 0; i < n; i++)
+    weft__sock_signal(NULL, l->socks[i], EV_KICK, l->gens[i]);
+  *out = l;
+  return 0;
+}
+
+int weft_listener_addr(weft_listener *l, struct sockaddr *addr,
+                       unsigned *addrlen) {
+  if (!l || !addr || !addrlen)
+    return -EINVAL;
+  unsigned len = *addrlen < l->addrlen ? *addrlen : l->addrlen;
+  memcpy(addr, &l->addr, len);
+  *addrlen = l->addrlen;
+  return 0;
+}
+
+int weft_listener_stats_get(weft_listener *l, weft_listener_stats *out) {
+  if (!l || !out)
+    return -EINVAL;
+  out->accepted = weft__load(&l->st_accepted, WA_RLX);
+  out->accept_calls = weft__load(&l->st_calls, WA_RLX);
+  out->fd_limit_hits = weft__load(&l->st_limit, WA_RLX);
+  out->dropped = weft__load(&l->st_dropped, WA_RLX);
+  out->paused = weft__load(&l->st_paused, WA_RLX);
+  return 0;
+}
+
+int weft_listener_close(weft_listener *l, weft_fn done, void *arg) {
+  if (!l)
+    return -EINVAL;
+  if (weft__load(&l->closed, WA_RLX))
+    return -EALREADY;
+  l->done = done;
+  l->done_arg = arg;
+  /* seq_cst against lsock_finished: either it sees closed (and calls
+   * done) or we see open_socks at 0 (closed by a shutdown). */
+  if (weft__xchg(&l->closed, 1, WA_SC))
+    return -EALREADY;
+  if (weft__load(&l->open_socks, WA_SC) == 0)
+    return -EALREADY;
+  /* The lock keeps each socket's memory: freed ones drop the signal. */
+  for (unsigned i = 0; i < l->n; i++) {
+    struct weft__shard *reg = &l->rt->shards[i % l->rt->nshards];
+    pthread_mutex_lock(&reg->tcp_lock);
+    weft__sock_signal(NULL, l->socks[i], EV_CLOSE, l->gens[i]);
+    pthread_mutex_unlock(&reg->tcp_lock);
+  }
+  return 0;
+}
+
+void weft__tcp_destroy(weft_rt *rt) {
+  while (rt->listeners) {
+    struct weft_listener *l = rt->listeners;
+    rt->listeners = l->next;
+    listener_free(l);
+  }
+}
