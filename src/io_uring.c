@@ -9,13 +9,21 @@
  * the socket stays alive until that op's completion has been handed to it
  * (tcp.c), so a completion never reaches a socket that reused its memory.
  *
- * Setup asks for COOP_TASKRUN and TASKRUN_FLAG (5.19; no interrupting IPI
- * per completion, the kernel raises IORING_SQ_TASKRUN instead) and falls
- * back to plain flags on older kernels (-EINVAL). The CQ is 16 times the SQ;
- * IORING_FEAT_NODROP (5.5) keeps completions that overflow it in the kernel,
- * and an enter that fails with -EBUSY because of them is retried after
- * reaping. Missing opcodes (a probe) make setup fail, so that AUTO falls
- * back to epoll.
+ * Completions of network requests are finished by task work of the thread
+ * that submitted them (the poll wakeup queues it to that task), even after
+ * the monitor has handed that thread's shard to another one. Setup does
+ * not ask for COOP_TASKRUN or DEFER_TASKRUN: with them, a thread stuck
+ * spinning in a handler would hold those completions until it next enters
+ * the kernel (a tick at best), or forever (DEFER); by default the kernel
+ * interrupts it, or wakes it from an interruptible sleep, runs the task
+ * work and resumes it (test_tcp_stall). Only a thread in uninterruptible
+ * sleep (D state) still holds them: the epoll backend has no such limit.
+ * A thread that exits has its
+ * requests cancelled by the kernel: tcp.c resubmits a -ECANCELED it did
+ * not ask for. The CQ is 16 times the SQ; IORING_FEAT_NODROP (5.5) keeps
+ * completions that overflow it in the kernel, and an enter that fails with
+ * -EBUSY because of them is retried after reaping. Missing features or
+ * opcodes (a probe) make setup fail, so that AUTO falls back to epoll.
  */
 #include "internal.h"
 
@@ -61,16 +69,9 @@ int weft__uring_setup(struct weft__io *io) {
     return -ENOMEM;
   struct io_uring_params p;
   memset(&p, 0, sizeof(p));
-  p.flags = IORING_SETUP_CQSIZE | IORING_SETUP_COOP_TASKRUN |
-            IORING_SETUP_TASKRUN_FLAG;
+  p.flags = IORING_SETUP_CQSIZE;
   p.cq_entries = CQ_ENTRIES;
   int r = io_uring_queue_init_params(SQ_ENTRIES, ring, &p);
-  if (r == -EINVAL) {
-    memset(&p, 0, sizeof(p));
-    p.flags = IORING_SETUP_CQSIZE;
-    p.cq_entries = CQ_ENTRIES;
-    r = io_uring_queue_init_params(SQ_ENTRIES, ring, &p);
-  }
   if (r) {
     free(ring);
     return r;

@@ -127,6 +127,7 @@ static bool accepted(struct weft__sock *s, int fd) {
   }
   switch (fd) {
   case -EINTR:
+  case -ECANCELED: /* uring: its submitter exited (io_uring.c) */
   case -ECONNABORTED:
   case -EPROTO:
   case -EPERM: /* a firewall refused this one */

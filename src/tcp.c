@@ -232,7 +232,20 @@ void weft__sock_discard(struct weft__sock *s) {
 
 /* ---- write completions ------------------------------------------------- */
 
+static void wreq_release(struct weft__sock *s, struct weft__wreq *w) {
+  if (w->iov != w->inl)
+    free(w->iov);
+  if (w == &s->wr_inline)
+    s->wr_inline_busy = false;
+  else
+    free(w);
+}
+
 static void wreq_done(struct weft__sock *s, struct weft__wreq *w, int status) {
+  if (!w->fn) {
+    wreq_release(s, w); /* nobody to tell: no callback to order */
+    return;
+  }
   w->status = status;
   w->next = NULL;
   if (s->done_tail)
@@ -253,14 +266,8 @@ static void flush_done(struct weft__sock *s) {
     weft_write_fn fn = w->fn;
     void *arg = w->arg;
     int status = w->status;
-    if (w->iov != w->inl)
-      free(w->iov);
-    if (w == &s->wr_inline)
-      s->wr_inline_busy = false;
-    else
-      free(w);
-    if (fn)
-      fn(arg, (weft_tcp *)s, status);
+    wreq_release(s, w);
+    fn(arg, (weft_tcp *)s, status);
   }
   if (s->drain_wanted && s->queued <= s->low && s->state == ST_OPEN) {
     s->drain_wanted = false;
@@ -317,6 +324,9 @@ static int gather(struct weft__sock *s) {
   memset(&s->msg, 0, sizeof(s->msg));
   s->msg.msg_iov = s->siov;
   s->msg.msg_iovlen = (size_t)k;
+  s->msg_bytes = 0;
+  for (int i = 0; i < k; i++)
+    s->msg_bytes += s->siov[i].iov_len;
   return k;
 }
 /* ---- sending ------------------------------------------------------------- */
@@ -345,12 +355,30 @@ static void send_now(struct weft__sock *s) {
   }
 }
 
-/* uring: one sendmsg in the kernel at a time, so bytes stay in order. */
+/* uring: one sendmsg in the kernel at a time, so bytes stay in order.
+ * First a direct non-blocking send: a reply that fits the socket buffer
+ * (the common case) then costs neither a ring entry nor a completion. */
 static void send_submit(struct weft__sock *s) {
   while (s->wq_head && !s->wr_inflight) {
     if (!gather(s)) {
       advance(s, 0);
       continue;
+    }
+    if (s->writable) {
+      ssize_t n = sendmsg(s->fd, &s->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        write_failed(s, -errno);
+        return;
+      }
+      if (n > 0)
+        advance(s, (size_t)n);
+      if (!s->wq_head)
+        return;
+      s->writable = false; /* full: the ring waits for room */
+      if (n > 0)
+        gather(s);
     }
     struct weft__shard *sh = weft__local_begin(s->rt);
     struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
@@ -382,10 +410,18 @@ static void pump_writes(struct weft__sock *s) {
 static void send_completed(struct weft__sock *s) {
   s->wr_inflight = false;
   int res = s->wop.res;
-  if (res >= 0)
+  if (res >= 0) {
     advance(s, (size_t)res);
-  else if (res != -EINTR && res != -EAGAIN)
-    write_failed(s, s->state == ST_CLOSING ? -ECANCELED : res);
+    if ((size_t)res == s->msg_bytes)
+      s->writable = true; /* it all went: try directly next time */
+    return;
+  }
+  /* -ECANCELED while open: its submitter exited (io_uring.c). These leave
+   * the queue as it was, and pump_writes sends again. */
+  if (res == -EINTR || res == -EAGAIN ||
+      (res == -ECANCELED && s->state == ST_OPEN))
+    return;
+  write_failed(s, s->state == ST_CLOSING ? -ECANCELED : res);
 }
 
 /* ---- receiving -------------------------------------------------------------
@@ -433,8 +469,8 @@ static void recv_completed(struct weft__sock *s) {
   int res = s->rop.res;
   if (s->state == ST_CLOSING) {
     read_complete(s, -ECANCELED);
-  } else if (res == -EINTR || res == -EAGAIN) {
-    recv_submit(s);
+  } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED) {
+    recv_submit(s); /* -ECANCELED: its submitter exited (io_uring.c) */
   } else {
     read_complete(s, res);
   }
@@ -450,8 +486,10 @@ static void connect_done(struct weft__sock *s, int status) {
   }
   if (s->timed_out && status != 0)
     status = -ETIMEDOUT;
-  if (status == 0)
+  if (status == 0) {
     s->state = ST_OPEN;
+    s->writable = true;
+  }
   weft_connect_fn fn = s->cfn;
   s->cfn = NULL;
   if (fn)

@@ -106,6 +106,7 @@ struct weft__sock {
   weft_drain_fn dfn;
   void *darg;
   struct msghdr msg; /* uring: the send in the kernel */
+  size_t msg_bytes;  /* bytes gathered into msg */
   struct iovec siov[WEFT_SEND_IOV];
   /* connect, or accept delivery */
   weft_connect_fn cfn;

@@ -1,0 +1,151 @@
+/*
+ * test_tcp_stall.c - the promise for sockets: while every worker is stuck
+ * in a handler (blocked in a syscall, or spinning), connections keep
+ * echoing. The stuck handlers wait for the echoes to finish (bounded), so
+ * the test asserts progress during the stall, not a speed.
+ *
+ * Every connection has read once before the stall, so with io_uring its
+ * pending receive was submitted by a thread that is then stuck: its
+ * completion still has to reach the spare thread that holds the shard now
+ * (io_uring.c: no COOP_TASKRUN).
+ */
+#include "testutil.h"
+
+#define WORKERS 2
+#define CONNS 8
+#define ROUNDS 20
+
+struct econn {
+  weft_tcp *c;
+  char buf[256];
+};
+
+static tu_count g_closed;
+static atomic_bool g_echo_done;
+static tu_count g_stuck_returned;
+
+static void on_closed(void *arg, weft_tcp *c) {
+  (void)c;
+  free(arg);
+  atomic_fetch_add(&g_closed, 1);
+}
+
+static void on_read(void *arg, weft_tcp *c, long n);
+
+static void on_written(void *arg, weft_tcp *c, int status) {
+  struct econn *e = arg;
+  if (status == 0 && weft_tcp_read(c, e->buf, sizeof e->buf, on_read, e) == 0)
+    return;
+  weft_tcp_close(c, 0, on_closed, e);
+}
+
+static void on_read(void *arg, weft_tcp *c, long n) {
+  struct econn *e = arg;
+  if (n > 0 && weft_tcp_write(c, e->buf, (size_t)n, on_written, e) == 0)
+    return;
+  weft_tcp_close(c, 0, on_closed, e);
+}
+
+static void on_accept(void *arg, weft_tcp *c) {
+  (void)arg;
+  struct econn *e = calloc(1, sizeof *e);
+  TU_CHECK(e != NULL);
+  e->c = c;
+  TU_CHECK_RC(weft_tcp_read(c, e->buf, sizeof e->buf, on_read, e), 0);
+}
+
+static int g_pipe[2]; /* written when the echoes are done */
+
+/* Stuck until the echoes are done (at most TU_WAIT_S): in one blocking
+ * call (poll on a pipe: the thread does not enter the kernel again until
+ * then) or spinning, by arg. */
+static void stuck(void *arg) {
+  bool spin = arg != NULL;
+  uint64_t end = tu_deadline_ns(TU_WAIT_S);
+  if (!spin) {
+    struct pollfd p = {.fd = g_pipe[0], .events = POLLIN};
+    while (!atomic_load(&g_echo_done) && tu_now_ns() < end)
+      poll(&p, 1, TU_WAIT_S * 1000);
+  }
+  while (!atomic_load(&g_echo_done) && tu_now_ns() < end) {
+  }
+  atomic_fetch_add(&g_stuck_returned, 1);
+}
+
+static void echo_round(int *fds, int round) {
+  for (int i = 0; i < CONNS; i++) {
+    char msg[64], back[64];
+    int len = snprintf(msg, sizeof msg, "conn %d round %d", i, round);
+    assert_int_equal(tu_sock_send_all(fds[i], msg, (size_t)len), 0);
+    assert_int_equal(tu_sock_recv_all(fds[i], back, (size_t)len), 0);
+    assert_memory_equal(msg, back, (size_t)len);
+  }
+}
+
+static void run(bool spin) {
+  weft_rt *rt;
+  tu_rt_create(&rt, WORKERS, 0);
+  tu_assert_backend(rt);
+  atomic_store(&g_closed, 0);
+  atomic_store(&g_echo_done, false);
+  atomic_store(&g_stuck_returned, 0);
+  assert_int_equal(pipe(g_pipe), 0);
+  weft_listener *l;
+  uint16_t port = tu_tcp_listen(rt, NULL, on_accept, NULL, &l);
+  int fds[CONNS];
+  for (int i = 0; i < CONNS; i++) {
+    fds[i] = tu_sock_connect(port, 0, 0);
+    assert_true(fds[i] >= 0);
+  }
+  tu_phase("echo before the stall");
+  echo_round(fds, -1);
+
+  tu_phase("every worker stuck");
+  weft_strand *s[WORKERS];
+  for (int i = 0; i < WORKERS; i++) {
+    tu_strand_create(rt, &s[i]);
+    assert_int_equal(weft_post(s[i], stuck, spin ? (void *)1 : NULL), 0);
+  }
+  for (int r = 0; r < ROUNDS; r++)
+    echo_round(fds, r);
+  /* The stuck handlers return only after this: every round above
+   * completed while they ran. */
+  assert_int_equal(atomic_load(&g_stuck_returned), 0);
+  atomic_store(&g_echo_done, true);
+  assert_int_equal(write(g_pipe[1], "x", 1), 1);
+  tu_wait_count(&g_stuck_returned, WORKERS, "stuck handlers return");
+  close(g_pipe[0]);
+  close(g_pipe[1]);
+
+  for (int i = 0; i < CONNS; i++)
+    close(fds[i]);
+  tu_wait_count(&g_closed, CONNS, "server connections closed");
+  for (int i = 0; i < WORKERS; i++)
+    weft_strand_release(s[i]);
+  assert_int_equal(weft_listener_close(l, NULL, NULL), 0);
+  assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  weft_stats st;
+  tu_stats(rt, &st);
+  assert_true(st.total.handoffs >= 1);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+static void test_stuck_sleeping(void **state) {
+  (void)state;
+  run(false);
+}
+
+static void test_stuck_spinning(void **state) {
+  (void)state;
+  run(true);
+}
+
+int main(void) {
+  tu_watchdog_start();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_stuck_sleeping),
+      cmocka_unit_test(test_stuck_spinning),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
