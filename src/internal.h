@@ -231,12 +231,11 @@ struct weft__io {
   uint32_t evbits[WEFT_IO_EVBUF];
 };
 
-/* An operation in the kernel (io_uring): user_data points here. */
-struct weft__op {
-  struct weft__sock *sock;
-  uint64_t bit; /* the socket's event bit its completion sets */
-  int32_t res;
-};
+/* An operation in the kernel (io_uring): its user_data is the socket's
+ * address with one of these in the low bits; 0 is the wake read. */
+#define WEFT_OP_READ 1u  /* receive, accept or connect */
+#define WEFT_OP_WRITE 2u /* send */
+#define WEFT_OP_MASK 3u
 
 int weft__io_init(weft_rt *rt, int backend);
 void weft__io_destroy(weft_rt *rt);
@@ -268,6 +267,9 @@ void weft__epoll_dispatch(struct weft__io *io);
  * while the op is in the kernel). */
 void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
                        uint64_t bits, uint32_t gen_tag);
+/* io_uring: the operation user_data names completed with res. */
+void weft__sock_completed(struct weft__shard *local, uint64_t user_data,
+                          int32_t res);
 /* epoll's registration word for s and its decoding */
 void weft__sock_event(struct weft__shard *local, uint64_t data,
                       uint32_t events);
@@ -305,6 +307,9 @@ struct weft__shard {
   _Atomic uint64_t st_strands_created, st_strands_freed;
   _Atomic uint64_t st_io_events, st_io_enters;
   struct weft__io *io; /* NULL: backend NONE */
+  /* owner only: dispatching a batch of I/O events, whose pushes notify
+   * parked threads once at the end instead of once each (io.c) */
+  bool quiet;
   /* sockets registered here, for the shutdown sweep (tcp.c) */
   pthread_mutex_t tcp_lock;
   struct weft__sock *tcp_list;

@@ -5,9 +5,10 @@
  *
  * Every operation in the ring is either the wake read (user_data 0: a read
  * of the shard's eventfd, re-armed after each completion) or a socket
- * operation whose user_data is a struct weft__op embedded in the socket;
- * the socket stays alive until that op's completion has been handed to it
- * (tcp.c), so a completion never reaches a socket that reused its memory.
+ * operation whose user_data is the socket's address tagged WEFT_OP_READ or
+ * WEFT_OP_WRITE; the socket stays alive until that completion has been
+ * handed to it (tcp.c), so a completion never reaches a socket that reused
+ * its memory. The reaper reads nothing of the socket but its event word.
  *
  * Completions of network requests are finished by task work of the thread
  * that submitted them (the poll wakeup queues it to that task), even after
@@ -58,7 +59,7 @@ static void arm_wake(struct weft__io *io) {
   if (!sqe)
     return; /* retried after the next submit (weft__uring_reap) */
   io_uring_prep_read(sqe, io->efd, &io->efd_buf, sizeof(io->efd_buf), 0);
-  io_uring_sqe_set_data(sqe, NULL);
+  io_uring_sqe_set_data64(sqe, 0);
   io->wake_armed = true;
   io->unsubmitted++;
 }
@@ -139,14 +140,13 @@ void weft__uring_reap(struct weft__io *io) {
   struct io_uring_cqe *cqe;
   uint64_t events = 0;
   io_uring_for_each_cqe(ring, head, cqe) {
-    struct weft__op *op = io_uring_cqe_get_data(cqe);
+    uint64_t ud = io_uring_cqe_get_data64(cqe);
     n++;
-    if (!op) {
+    if (!ud) {
       io->wake_armed = false; /* the eventfd was read: woken */
       continue;
     }
-    op->res = cqe->res;
-    weft__sock_signal(io->sh, op->sock, op->bit, UINT32_MAX);
+    weft__sock_completed(io->sh, ud, cqe->res);
     events++;
   }
   if (n)
@@ -179,7 +179,7 @@ bool weft__uring_wait(struct weft__io *io, uint64_t deadline) {
   unsigned head, n = 0;
   bool events = false;
   io_uring_for_each_cqe(ring, head, cqe) {
-    if (io_uring_cqe_get_data(cqe)) {
+    if (io_uring_cqe_get_data64(cqe)) {
       events = true;
       break;
     }

@@ -151,7 +151,7 @@ static void accept_submit(struct weft__sock *s) {
   struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
   if (sqe) {
     io_uring_prep_accept(sqe, s->fd, NULL, NULL, SOCK_CLOEXEC);
-    io_uring_sqe_set_data(sqe, &s->rop);
+    io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
     s->rd_inflight = true;
     weft__fetch_add(&s->lst->st_calls, 1, WA_RLX);
   }
@@ -188,7 +188,7 @@ static void lsock_finished(struct weft__sock *s) {
 void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
   if (bits & EV_RDONE) {
     s->rd_inflight = false;
-    int res = s->rop.res;
+    int res = s->rres;
     if (s->state != ST_OPEN) {
       if (res >= 0)
         close(res);

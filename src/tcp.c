@@ -8,7 +8,7 @@
  * Everything but `ev` is touched only on the socket's strand, so a
  * connection needs no lock: operations started on the strand, completions
  * delivered to it. With io_uring, at most one receive and one send of a
- * socket are in the kernel at a time (each in its embedded weft__op), and
+ * socket are in the kernel at a time (user_data: the socket, tagged), and
  * the socket is freed only after both have completed, so the kernel is done
  * with every buffer before any callback says so. Closing with operations in
  * the kernel shuts the socket down (shutdown(2) wakes every waiter on it,
@@ -54,6 +54,18 @@ void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
   if (cur & EV_QUEUED)
     return;
   weft__strand_push(s->strand, local, &s->node[s->post_idx], false);
+}
+
+void weft__sock_completed(struct weft__shard *local, uint64_t ud, int32_t res) {
+  struct weft__sock *s =
+      (struct weft__sock *)(uintptr_t)(ud & ~(uint64_t)WEFT_OP_MASK);
+  if ((ud & WEFT_OP_MASK) == WEFT_OP_READ) {
+    s->rres = res;
+    weft__sock_signal(local, s, EV_RDONE, WEFT_GEN_ANY);
+  } else {
+    s->wres = res;
+    weft__sock_signal(local, s, EV_WDONE, WEFT_GEN_ANY);
+  }
 }
 
 void weft__sock_event(struct weft__shard *local, uint64_t data,
@@ -110,9 +122,6 @@ struct weft__sock *weft__sock_new(weft_rt *rt, int fd, int kind,
   s->rt = rt;
   s->low = DEFAULT_LOW;
   s->high = DEFAULT_HIGH;
-  s->rop.sock = s->wop.sock = s;
-  s->rop.bit = EV_RDONE;
-  s->wop.bit = EV_WDONE;
   if (strand) {
     s->strand = strand;
   } else if (weft_strand_create(rt, &s->strand) == 0) {
@@ -125,13 +134,14 @@ struct weft__sock *weft__sock_new(weft_rt *rt, int fd, int kind,
   }
   weft__fetch_add(&rt->tcp_live, 1, WA_RLX);
   weft__fetch_add(&rt->tcp_open, 1, WA_SC);
-  /* release: publishes the fields above to reapers (their acquire CAS). */
-  weft__store(&s->ev, (uint64_t)gen << 32, WA_REL);
   return s;
 }
 
 int weft__sock_register(struct weft__sock *s, unsigned home) {
   weft_rt *rt = s->rt;
+  /* release: publishes every field the creator set to reapers and
+   * signallers (their acquire CAS), before any event can name s. */
+  weft__store(&s->ev, (uint64_t)s->gen << 32, WA_REL);
   struct weft__shard *reg = &rt->shards[home % rt->nshards];
   pthread_mutex_lock(&reg->tcp_lock);
   if (weft__load(&rt->closing, WA_SC)) {
@@ -384,7 +394,7 @@ static void send_submit(struct weft__sock *s) {
     struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
     if (sqe) {
       io_uring_prep_sendmsg(sqe, s->fd, &s->msg, MSG_NOSIGNAL);
-      io_uring_sqe_set_data(sqe, &s->wop);
+      io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_WRITE);
       s->wr_inflight = true;
     }
     weft__local_end(sh);
@@ -409,7 +419,7 @@ static void pump_writes(struct weft__sock *s) {
 
 static void send_completed(struct weft__sock *s) {
   s->wr_inflight = false;
-  int res = s->wop.res;
+  int res = s->wres;
   if (res >= 0) {
     advance(s, (size_t)res);
     if ((size_t)res == s->msg_bytes)
@@ -439,7 +449,7 @@ static void recv_submit(struct weft__sock *s) {
   struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
   if (sqe) {
     io_uring_prep_recv(sqe, s->fd, s->rbuf, s->rlen, 0);
-    io_uring_sqe_set_data(sqe, &s->rop);
+    io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
     s->rd_inflight = true;
   }
   weft__local_end(sh);
@@ -466,7 +476,7 @@ static void recv_now(struct weft__sock *s) {
 
 static void recv_completed(struct weft__sock *s) {
   s->rd_inflight = false;
-  int res = s->rop.res;
+  int res = s->rres;
   if (s->state == ST_CLOSING) {
     read_complete(s, -ECANCELED);
   } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED) {
@@ -524,7 +534,7 @@ static void connect_start(struct weft__sock *s) {
     if (sqe) {
       io_uring_prep_connect(sqe, s->fd, (struct sockaddr *)&s->addr,
                             s->addrlen);
-      io_uring_sqe_set_data(sqe, &s->rop);
+      io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
       s->rd_inflight = true;
     }
     weft__local_end(sh);
@@ -617,7 +627,7 @@ static void conn_run(struct weft__sock *s, uint32_t bits) {
   if (bits & EV_RDONE) {
     if (s->cfn) {
       s->rd_inflight = false;
-      int res = s->rop.res;
+      int res = s->rres;
       connect_done(s,
                    s->state == ST_CLOSING && !s->timed_out ? -ECANCELED : res);
     } else {

@@ -22,6 +22,9 @@
  * one node at a time. post_idx is written by the run before its release
  * RMW on ev and read by the signaller after its acquire CAS.
  *
+ * io_uring results: the reaper stores rres or wres, then signals (release);
+ * the strand reads them after its acquire.
+ *
  * Memory: sockets come from a runtime pool whose slabs live until the
  * runtime is destroyed; the pool overwrites only the first 16 bytes of a
  * free object (node[0]), so ev and its generation survive a free. Freeing
@@ -92,7 +95,7 @@ struct weft__sock {
   weft_strand *strand;
   struct weft__shard *reg; /* the registry holding it (its tcp_lock) */
   struct weft__sock *rnext, *rprev;
-  struct weft__op rop, wop; /* uring: ops in the kernel */
+  int32_t rres, wres; /* uring: results of the ops in the kernel */
   /* read */
   void *rbuf;
   size_t rlen;
@@ -130,8 +133,9 @@ struct weft__sock {
 /* tcp.c, used by listen.c */
 struct weft__sock *weft__sock_new(weft_rt *rt, int fd, int kind,
                                   weft_strand *strand, unsigned home);
-/* Registers s for the shutdown sweep and with its home shard's epoll set;
- * -ESHUTDOWN once the runtime shuts down. */
+/* Publishes s (every field set before this call), registers it for the
+ * shutdown sweep and with its home shard's epoll set; -ESHUTDOWN once the
+ * runtime shuts down. */
 int weft__sock_register(struct weft__sock *s, unsigned home);
 /* Frees a socket that was never registered or never seen by the user. */
 void weft__sock_discard(struct weft__sock *s);
