@@ -237,12 +237,15 @@ struct weft__io {
 #define WEFT_OP_WRITE 2u /* send */
 #define WEFT_OP_MASK 3u
 
+/* At create: decides the backend, sets up shard 0's. */
 int weft__io_init(weft_rt *rt, int backend);
+/* Before the first socket: sets up every shard's backend (once). */
+int weft__io_ensure(weft_rt *rt);
 void weft__io_destroy(weft_rt *rt);
 const char *weft__backend_name(int kind);
 /* Run loop: submit what is prepared, dispatch what completed; idle: the
  * shard's run queue is empty. */
-void weft__io_poll(struct weft__shard *sh, bool idle);
+void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle);
 /* Park: sleep in the backend until woken (t->wake), an event, or deadline
  * (UINT64_MAX: none). Dispatches nothing (the thread is still counted
  * parked); returns true when events wait to be dispatched. */
@@ -253,7 +256,7 @@ bool weft__io_wake_thread(struct weft__thread *t);
 /* uring: an SQE of the shard's ring, NULL if the ring stays full. */
 struct io_uring_sqe *weft__uring_sqe(struct weft__shard *sh);
 void weft__uring_reap(struct weft__io *io);
-int weft__uring_setup(struct weft__io *io);
+int weft__uring_setup(struct weft__io *io, bool probe);
 void weft__uring_teardown(struct weft__io *io);
 void weft__uring_submit(struct weft__io *io);
 bool weft__uring_wait(struct weft__io *io, uint64_t deadline);
@@ -306,7 +309,8 @@ struct weft__shard {
       st_steals, st_parks, st_wakeups, st_injected;
   _Atomic uint64_t st_strands_created, st_strands_freed;
   _Atomic uint64_t st_io_events, st_io_enters;
-  struct weft__io *io; /* NULL: backend NONE */
+  /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
+  _Atomic(struct weft__io *) io;
   /* owner only: dispatching a batch of I/O events, whose pushes notify
    * parked threads once at the end instead of once each (io.c) */
   bool quiet;
@@ -395,6 +399,8 @@ struct weft_rt {
   unsigned timer_slack_ns;
   int backend;                     /* WEFT_BACKEND_URING, _EPOLL or _NONE */
   struct weft__io *ios;            /* one per shard, NULL for NONE */
+  _Atomic uint32_t io_all;         /* every shard's backend is set up */
+  pthread_mutex_t io_lock;         /* setting them up (weft__io_ensure) */
   _Atomic int64_t tcp_open;        /* sockets whose descriptor is open */
   _Atomic uint64_t tcp_live;       /* sockets not yet freed */
   _Atomic uint32_t tcp_rr;         /* home shard of sockets made outside */

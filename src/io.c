@@ -51,25 +51,30 @@ static int env_backend(void) {
 }
 
 static void io_teardown(struct weft__io *io) {
+  if (!io->sh)
+    return; /* never set up */
   if (io->kind == WEFT_BACKEND_URING)
     weft__uring_teardown(io);
   else if (io->kind == WEFT_BACKEND_EPOLL && io->epfd >= 0)
     close(io->epfd);
   if (io->efd >= 0)
     close(io->efd);
-  io->kind = WEFT_BACKEND_NONE;
-  io->efd = io->epfd = -1;
+  memset(io, 0, sizeof(*io));
 }
 
-static int io_setup(struct weft__io *io, struct weft__shard *sh, int kind) {
+static int io_setup(struct weft__io *io, struct weft__shard *sh, int kind,
+                    bool probe) {
   memset(io, 0, sizeof(*io));
   io->sh = sh;
   io->epfd = -1;
   io->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (io->efd < 0)
-    return -errno;
+  if (io->efd < 0) {
+    int r = -errno;
+    io->sh = NULL;
+    return r;
+  }
   io->kind = kind;
-  int r = kind == WEFT_BACKEND_URING ? weft__uring_setup(io)
+  int r = kind == WEFT_BACKEND_URING ? weft__uring_setup(io, probe)
                                      : weft__epoll_setup(io);
   if (r) {
     if (kind == WEFT_BACKEND_URING)
@@ -79,19 +84,9 @@ static int io_setup(struct weft__io *io, struct weft__shard *sh, int kind) {
   return r;
 }
 
-static int setup_all(weft_rt *rt, int kind) {
-  for (unsigned i = 0; i < rt->nshards; i++) {
-    int r = io_setup(&rt->ios[i], &rt->shards[i], kind);
-    if (r) {
-      while (i--)
-        io_teardown(&rt->ios[i]);
-      return r;
-    }
-  }
-  for (unsigned i = 0; i < rt->nshards; i++)
-    rt->shards[i].io = &rt->ios[i];
-  rt->backend = kind;
-  return 0;
+/* seq_cst: against the sleeper's load in park.c (weft__io_ensure). */
+static void publish(weft_rt *rt, unsigned i) {
+  weft__store(&rt->shards[i].io, &rt->ios[i], WA_SC);
 }
 
 int weft__io_init(weft_rt *rt, int backend) {
@@ -105,19 +100,58 @@ int weft__io_init(weft_rt *rt, int backend) {
   rt->ios = calloc(rt->nshards, sizeof(*rt->ios));
   if (!rt->ios)
     return -ENOMEM;
+  /* Shard 0 decides the backend now; the others are set up by the first
+   * socket (weft__io_ensure). */
   int r;
   if (backend == WEFT_BACKEND_AUTO) {
-    r = setup_all(rt, WEFT_BACKEND_URING);
-    if (r && r != -ENOMEM && r != -EMFILE && r != -ENFILE)
-      r = setup_all(rt, WEFT_BACKEND_EPOLL);
+    backend = WEFT_BACKEND_URING;
+    r = io_setup(&rt->ios[0], &rt->shards[0], backend, true);
+    if (r && r != -ENOMEM && r != -EMFILE && r != -ENFILE) {
+      backend = WEFT_BACKEND_EPOLL;
+      r = io_setup(&rt->ios[0], &rt->shards[0], backend, true);
+    }
   } else {
-    r = setup_all(rt, backend);
+    r = io_setup(&rt->ios[0], &rt->shards[0], backend, true);
   }
   if (r) {
     free(rt->ios);
     rt->ios = NULL;
+    return r;
   }
-  return r;
+  rt->backend = backend;
+  publish(rt, 0);
+  weft__store(&rt->io_all, rt->nshards == 1, WA_REL);
+  return 0;
+}
+
+int weft__io_ensure(weft_rt *rt) {
+  if (rt->backend == WEFT_BACKEND_NONE)
+    return -ENOTSUP;
+  if (weft__load(&rt->io_all, WA_ACQ))
+    return 0;
+  int r = 0;
+  pthread_mutex_lock(&rt->io_lock);
+  if (!weft__load(&rt->io_all, WA_RLX)) {
+    unsigned i = 1;
+    for (; i < rt->nshards && !r; i++)
+      r = io_setup(&rt->ios[i], &rt->shards[i], rt->backend, false);
+    if (r) {
+      while (--i > 1)
+        io_teardown(&rt->ios[i - 1]);
+    } else {
+      for (i = 1; i < rt->nshards; i++)
+        publish(rt, i);
+      weft__store(&rt->io_all, 1, WA_REL);
+    }
+  }
+  pthread_mutex_unlock(&rt->io_lock);
+  if (r)
+    return r;
+  /* Threads asleep on their futex move to their backend: a kick makes
+   * each leave its sleep and sleep again, now there. */
+  for (unsigned i = 1; i < rt->nshards; i++)
+    weft__kick(&rt->shards[i], 0);
+  return 0;
 }
 
 void weft__io_destroy(weft_rt *rt) {
@@ -129,8 +163,7 @@ void weft__io_destroy(weft_rt *rt) {
   rt->ios = NULL;
 }
 
-void weft__io_poll(struct weft__shard *sh, bool idle) {
-  struct weft__io *io = sh->io;
+void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
   if (io->kind == WEFT_BACKEND_URING) {
     /* Prepared SQEs go in when the shard runs out of work, or in groups
      * while it is busy, so one enter carries many. */

@@ -34,8 +34,11 @@
 #include <string.h>
 #include <time.h>
 
-#define SQ_ENTRIES 256
-#define CQ_ENTRIES 4096
+/* Small: a ring costs setup time per shard at the first socket, and a full
+ * SQ is just submitted early; completions beyond the CQ wait in the kernel
+ * (NODROP). */
+#define SQ_ENTRIES 64
+#define CQ_ENTRIES 1024
 
 static struct io_uring *ring_of(struct weft__io *io) { return io->ring; }
 
@@ -64,7 +67,8 @@ static void arm_wake(struct weft__io *io) {
   io->unsubmitted++;
 }
 
-int weft__uring_setup(struct weft__io *io) {
+/* probe: check the opcodes (once per runtime: every ring has the same). */
+int weft__uring_setup(struct weft__io *io, bool probe) {
   struct io_uring *ring = calloc(1, sizeof(*ring));
   if (!ring)
     return -ENOMEM;
@@ -79,7 +83,7 @@ int weft__uring_setup(struct weft__io *io) {
   }
   if (!(p.features & IORING_FEAT_NODROP) || !(p.features & IORING_FEAT_EXT_ARG))
     r = -ENOSYS; /* 5.11 and later have both */
-  if (!r)
+  if (!r && probe)
     r = probe_ok(ring);
   if (r) {
     io_uring_queue_exit(ring);
@@ -119,7 +123,7 @@ void weft__uring_submit(struct weft__io *io) {
 }
 
 struct io_uring_sqe *weft__uring_sqe(struct weft__shard *sh) {
-  struct weft__io *io = sh->io;
+  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
   for (int i = 0; i < 4; i++) {
     struct io_uring_sqe *sqe = io_uring_get_sqe(ring_of(io));
     if (sqe) {

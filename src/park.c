@@ -239,7 +239,9 @@ static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
         weft__futex_wait(&t->wake, w);
       return true;
     }
-    struct weft__io *io = t->shard->io;
+    /* seq_cst: against weft__io_ensure, which publishes io then reads
+     * sleep_until to kick us off the futex. */
+    struct weft__io *io = weft__load(&t->shard->io, WA_SC);
     if (io)
       io_ready = weft__io_wait(t, io, deadline);
     else if (deadline == UINT64_MAX)

@@ -72,6 +72,7 @@ static void rt_free(weft_rt *rt) {
   pthread_mutex_destroy(&rt->life_lock);
   pthread_cond_destroy(&rt->life_cond);
   pthread_mutex_destroy(&rt->spare_lock);
+  pthread_mutex_destroy(&rt->io_lock);
   free(rt->spares);
   free(rt->threads);
   free(rt->shards);
@@ -201,6 +202,7 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   pthread_cond_init(&rt->life_cond, &ca);
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&rt->spare_lock, NULL);
+  pthread_mutex_init(&rt->io_lock, NULL);
   weft__idle_init(&rt->idle, c->workers);
   if (!rt->shards || !rt->threads || !rt->spares ||
       weft__idle_alloc(&rt->idle, c->workers) != 0)

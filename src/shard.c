@@ -138,8 +138,10 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
     if (next <= now)
       weft__timers_fire_due(sh, sh, now);
   }
-  if (sh->io)
-    weft__io_poll(sh, !weft__runq_len(&sh->rq) && !weft__runq_len(&sh->prq));
+  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
+  if (io)
+    weft__io_poll(sh, io,
+                  !weft__runq_len(&sh->rq) && !weft__runq_len(&sh->prq));
   if ((it = weft__runq_pop(&sh->prq)))
     return it;
   if (++sh->tick % 61 == 0 && (it = take_inject(rt, sh)))

@@ -160,7 +160,8 @@ int weft__sock_register(struct weft__sock *s, unsigned home) {
   ev.data.u64 = (uint64_t)(uintptr_t)s | ((uint64_t)(uint16_t)s->gen << 48);
   if (s->kind == SK_LISTEN)
     ev.events = EPOLLIN | EPOLLET;
-  if (epoll_ctl(reg->io->epfd, EPOLL_CTL_ADD, s->fd, &ev) < 0)
+  struct weft__io *io = weft__load(&reg->io, WA_ACQ);
+  if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, s->fd, &ev) < 0)
     return -errno; /* the caller discards s, which unregisters it */
   return 0;
 }
@@ -903,7 +904,7 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr,
     return -ENOTSUP;
   if (weft__load(&rt->closing, WA_ACQ))
     return -ESHUTDOWN;
-  return 0;
+  return weft__io_ensure(rt);
 }
 
 unsigned weft__tcp_home(weft_rt *rt) {
