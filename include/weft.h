@@ -125,10 +125,14 @@ WEFT_API void weft_config_init(weft_config *cfg);
 
 /* Creates a runtime and starts its threads and its monitor. cfg may be NULL
  * for defaults.
- * Every one-time cost (threads, queues, pools) is paid here: the first post
- * costs what the millionth does.
- * Errors: -EINVAL (rt NULL, a field out of range, unknown flags), -ENOMEM,
- * -EAGAIN (a thread could not be started). Any thread. */
+ * Every one-time cost (threads, queues, pools, timers) is paid here: the
+ * first post costs what the millionth does. Sockets are the exception: the
+ * I/O backends of shards other than the first are set up by the first
+ * weft_tcp_listen or weft_tcp_connect (about 40 us per shard).
+ * Errors: -EINVAL (rt NULL, a field out of range, unknown flags, a bad
+ * WEFT_BACKEND), -ENOMEM, -EAGAIN (a thread could not be started), or the
+ * error setting up a forced backend (e.g. -EPERM, -ENOSYS for io_uring).
+ * Any thread. */
 WEFT_API int weft_rt_create(weft_rt **rt, const weft_config *cfg);
 
 /* Shutdown modes. DRAIN: run every handler already accepted. CANCEL: run
