@@ -222,8 +222,7 @@ struct weft__io {
   int efd;  /* eventfd: written to wake the holder from its wait */
   struct weft__shard *sh;
   unsigned unsubmitted; /* uring: SQEs prepared and not yet entered */
-  bool wake_armed;      /* uring: a read of efd is in the ring */
-  uint64_t efd_buf;     /* uring: that read's target */
+  bool wake_armed;      /* uring: a poll of efd is in the ring */
   void *ring;           /* uring: struct io_uring */
   int epfd;             /* epoll */
   unsigned nev, evpos;  /* epoll: events waited for, not yet dispatched */
@@ -232,7 +231,7 @@ struct weft__io {
 };
 
 /* An operation in the kernel (io_uring): its user_data is the socket's
- * address with one of these in the low bits; 0 is the wake read. */
+ * address with one of these in the low bits; 0 is the wake poll. */
 #define WEFT_OP_READ 1u  /* receive, accept or connect */
 #define WEFT_OP_WRITE 2u /* send */
 #define WEFT_OP_MASK 3u
