@@ -7,13 +7,18 @@
 #                   build-tsan/ (gcc, TSan, RelWithDebInfo)
 #   make test-release | test-asan | test-tsan    one of them
 #   make bench      build, then run every benchmark in build/bench/
+#   make bench-net  check the benchmark's Debian packages too (wrk, nginx,
+#                   haproxy: tools/deps.sh bench), build, then run bench/net:
+#                   HTTP servers and a TCP proxy under wrk against nginx,
+#                   Asio, libuv and HAProxy
 #   make format | format-check                   clang-format the sources
 #   make install [PREFIX=/usr/local] [DESTDIR=]  install build/
 #   make clean      remove the build directories
 #
 # Variables: JOBS (build parallelism, default nproc), CTEST_TIMEOUT (seconds
 # per test, default 300), CTEST_ARGS (more ctest arguments, e.g. -R strand),
-# BENCH_SKIP (shell patterns of build/bench/ programs not to run).
+# BENCH_SKIP (shell patterns of build/bench/ programs not to run),
+# BENCH_NET_ARGS (bench/net options, e.g. --seconds 10 --connections 100).
 
 .NOTPARALLEL:
 .DEFAULT_GOAL := all
@@ -29,6 +34,7 @@ PREFIX ?= /usr/local
 CTEST_TIMEOUT ?= 300
 CTEST_ARGS ?=
 BENCH_SKIP ?= *helper* _*
+BENCH_NET_ARGS ?=
 
 WEFT_ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:abort_on_error=0
 WEFT_UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
@@ -53,7 +59,7 @@ TSAN_ARGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread \
              -DWEFT_TEST_SCALE=16
 
 .PHONY: all deps build demo test test-release test-asan test-tsan bench \
-        format format-check install clean
+        bench-net format format-check install clean
 
 all: build
 
@@ -112,6 +118,11 @@ bench: build
 	done; \
 	[ $$ran -gt 0 ] || { echo "bench: no programs in build/bench/" >&2; exit 1; }; \
 	exit $$fail
+
+bench-net:
+	@sh tools/deps.sh bench
+	$(call configure,build,gcc,g++,$(RELEASE_ARGS))
+	./bench/net --build build $(BENCH_NET_ARGS)
 
 format:
 	@command -v $(CLANG_FORMAT) >/dev/null || \
