@@ -75,6 +75,8 @@ void weft__sock_event(struct weft__shard *local, uint64_t data,
   uint64_t bits = 0;
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
     bits |= EV_IN;
+  if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+    bits |= EV_HUP;
   if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
     bits |= EV_OUT;
   weft__sock_signal(local, s, bits, (uint32_t)(data >> 48));
@@ -468,8 +470,9 @@ static void recv_now(struct weft__sock *s) {
       s->readable = false;
       return;
     }
-    /* A short read emptied the buffer: wait for the next edge. */
-    if (n >= 0 && (size_t)n < s->rlen && n > 0)
+    /* A short read emptied the buffer: wait for the next edge. Not after
+     * a hang-up: its edge came with the data, and no other will come. */
+    if (n > 0 && (size_t)n < s->rlen && !s->hup)
       s->readable = false;
     read_complete(s, n < 0 ? -errno : n);
   }
@@ -639,6 +642,8 @@ static void conn_run(struct weft__sock *s, uint32_t bits) {
     send_completed(s);
   if (bits & EV_IN)
     s->readable = true;
+  if (bits & EV_HUP)
+    s->hup = true;
   if (bits & EV_OUT) {
     s->writable = true;
     if (s->state == ST_CONNECTING && s->cfn && !s->rd_inflight)

@@ -48,6 +48,7 @@
 #define EV_SHUTDOWN (1u << 7) /* the runtime shuts down */
 #define EV_ACCEPTED (1u << 8) /* deliver the accept callback */
 #define EV_CONNECT (1u << 9)  /* start connecting */
+#define EV_HUP (1u << 10)     /* epoll: peer closed its side, or an error */
 #define EV_LOW 0xffffffffull
 
 /* a tag for events that need no generation check */
@@ -88,6 +89,7 @@ struct weft__sock {
   uint8_t kind, state;
   bool own_strand, user_closed, abortive, timed_out;
   bool readable, writable; /* epoll: edge seen, EAGAIN not yet */
+  bool hup;                /* epoll: EOF or error queued: reads never wait */
   bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
   bool free_pending;
   int err; /* sticky write error, 0 if none */
