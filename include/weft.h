@@ -390,8 +390,9 @@ typedef struct weft_listener_stats {
  * itself; connections that arrive meanwhile are accepted and closed at
  * once with a spare descriptor kept for that, so clients do not hang.
  * opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too small for
- * the family), -EAFNOSUPPORT (neither IPv4 nor IPv6), -EADDRINUSE, -EACCES, -EADDRNOTAVAIL, -EMFILE, -ENOMEM, -ESHUTDOWN,
- * -ENOTSUP (backend NONE). Any thread. */
+ * the family), -EAFNOSUPPORT (neither IPv4 nor IPv6), -EADDRINUSE,
+ * -EACCES, -EADDRNOTAVAIL, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend
+ * NONE). Any thread. */
 WEFT_API int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr,
                              unsigned addrlen, const weft_listen_opts *opts,
                              weft_accept_fn fn, void *arg, weft_listener **out);
