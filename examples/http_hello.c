@@ -1,0 +1,250 @@
+/*
+ * http_hello - the smallest useful HTTP/1.1 server on weft, and the server
+ * of the HTTP benchmarks (wrk against it, nginx, Asio and libuv).
+ *
+ *   http_hello [--port P] [--threads N] [--host ADDR]
+ *
+ * Every request (a header block ending in an empty line; bodies are not
+ * supported) gets "Hello, World!" with keep-alive; a request with
+ * "Connection: close" gets the same with that header, then the connection
+ * is closed. A request that does not fit the 8 KiB buffer gets 431 and a
+ * close. Pipelined requests are answered with one write per batch.
+ *
+ * The fast path allocates nothing: the responses are static bytes (one
+ * array holds as many copies as a full buffer can hold requests), a read
+ * and a write of those bytes are in flight at once, and the write needs no
+ * completion callback. Memory per connection is the buffer: when weft's
+ * queue for the connection grows past QUEUE_LIMIT (a client pipelining
+ * without reading), the next write is tracked and reading waits for it.
+ * Prints "listening on PORT"; SIGINT or SIGTERM stops it (exit 0).
+ */
+#include <weft.h>
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/uio.h>
+
+#include "netutil.h"
+
+#define BUF_SIZE 8192
+/* The most requests a full buffer can hold: each ends in "\r\n\r\n". */
+#define MAX_REQS (BUF_SIZE / 4)
+/* Queued bytes above which reading waits for the writes. Below weft's
+ * default high watermark (1 MiB) by more than the largest batch, so a
+ * write is never refused with -ENOBUFS. */
+#define QUEUE_LIMIT (256 * 1024)
+
+#define BODY "Hello, World!"
+#define HEAD                                                                   \
+  "HTTP/1.1 200 OK\r\nContent-Length: 13\r\nContent-Type: text/plain\r\n"
+static const char resp_keep[] = HEAD "\r\n" BODY;
+static const char resp_close[] = HEAD "Connection: close\r\n\r\n" BODY;
+static const char resp_431[] =
+    "HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    "Content-Length: 0\r\nConnection: close\r\n\r\n";
+#define KEEP_LEN (sizeof(resp_keep) - 1)
+
+/* MAX_REQS copies of resp_keep, filled once before listening. */
+static char many[MAX_REQS * KEEP_LEN];
+
+/* One connection; touched only on its strand. Lifetime: freed when it is
+ * closing and ops == 0. ops counts the callbacks pending with it as arg:
+ * the read, a tracked write, our close callback. Until the end one of them
+ * is always pending, so a close by weft_rt_shutdown still reaches us. */
+struct hconn {
+  weft_tcp *c;
+  unsigned ops;
+  bool closing; /* weft_tcp_close was called */
+  bool last;    /* the final response is queued: close when it is sent */
+  size_t len;   /* bytes in buf */
+  size_t scan;  /* buf[0, scan) holds no complete request */
+  char buf[BUF_SIZE];
+};
+
+static void on_read(void *arg, weft_tcp *c, long n);
+
+static void hconn_maybe_free(struct hconn *h) {
+  if (h->closing && h->ops == 0)
+    free(h);
+}
+
+static void on_close(void *arg, weft_tcp *c) {
+  (void)c;
+  struct hconn *h = arg;
+  h->ops--;
+  hconn_maybe_free(h);
+}
+
+/* If weft_tcp_close fails (-EALREADY: weft_rt_shutdown may be closing it
+ * already) no close callback of ours will come: h goes when its last
+ * pending callback has run. */
+static void hconn_close(struct hconn *h) {
+  if (h->closing)
+    return;
+  h->closing = true;
+  if (weft_tcp_close(h->c, 0, on_close, h) == 0)
+    h->ops++;
+}
+
+static void hconn_read(struct hconn *h) {
+  if (weft_tcp_read(h->c, h->buf + h->len, sizeof(h->buf) - h->len, on_read,
+                    h) == 0)
+    h->ops++;
+  else
+    hconn_close(h);
+}
+
+static void on_write(void *arg, weft_tcp *c, int status) {
+  (void)c;
+  struct hconn *h = arg;
+  h->ops--;
+  if (!h->closing) {
+    if (status < 0 || h->last)
+      hconn_close(h);
+    else
+      hconn_read(h);
+  }
+  hconn_maybe_free(h);
+}
+
+/* Does the header block [p, p + n) have "Connection: close" (any case,
+ * possibly one token of a list)? */
+static bool wants_close(const char *p, size_t n) {
+  const char *end = p + n;
+  for (const char *line = p; line < end;) {
+    const char *eol = memchr(line, '\n', (size_t)(end - line));
+    if (!eol)
+      eol = end;
+    if (eol - line > 11 && !strncasecmp(line, "connection:", 11)) {
+      const char *v = line + 11;
+      while (v < eol) {
+        while (v < eol && (*v == ' ' || *v == '\t' || *v == ','))
+          v++;
+        const char *t = v;
+        while (v < eol && *v != ',' && *v != ' ' && *v != '\t' && *v != '\r')
+          v++;
+        if (v - t == 5 && !strncasecmp(t, "close", 5))
+          return true;
+        while (v < eol && *v != ',')
+          v++;
+      }
+    }
+    line = eol + 1;
+  }
+  return false;
+}
+
+/* Queues the responses to count requests (the last with Connection: close
+ * if close), then reads on, unless the write is tracked. */
+static void respond(struct hconn *h, size_t count, bool close) {
+  bool track = close || weft_tcp_queued(h->c) > QUEUE_LIMIT;
+  size_t keep = close ? count - 1 : count;
+  weft_write_fn fn = track ? on_write : NULL;
+  int r;
+  if (close && keep) {
+    struct iovec iov[2] = {{many, keep * KEEP_LEN},
+                           {(void *)resp_close, sizeof(resp_close) - 1}};
+    r = weft_tcp_writev(h->c, iov, 2, fn, h);
+  } else if (close) {
+    r = weft_tcp_write(h->c, resp_close, sizeof(resp_close) - 1, fn, h);
+  } else {
+    r = weft_tcp_write(h->c, many, keep * KEEP_LEN, fn, h);
+  }
+  if (r < 0) {
+    hconn_close(h);
+    return;
+  }
+  h->last = close;
+  if (track)
+    h->ops++;
+  else
+    hconn_read(h);
+}
+
+/* Answers every complete request in the buffer and keeps the rest. */
+static void serve(struct hconn *h) {
+  size_t pos = 0, count = 0;
+  bool close = false;
+  while (!close) {
+    size_t from = h->scan > pos + 3 ? h->scan - 3 : pos;
+    const char *e = memmem(h->buf + from, h->len - from, "\r\n\r\n", 4);
+    if (!e)
+      break;
+    size_t end = (size_t)(e - h->buf) + 4;
+    close = wants_close(h->buf + pos, end - pos);
+    count++;
+    pos = end;
+  }
+  memmove(h->buf, h->buf + pos, h->len - pos);
+  h->len -= pos;
+  h->scan = h->len;
+  if (count) {
+    respond(h, count, close);
+  } else if (h->len == sizeof(h->buf)) {
+    if (weft_tcp_write(h->c, resp_431, sizeof(resp_431) - 1, on_write, h) ==
+        0) {
+      h->ops++;
+      h->last = true;
+    } else {
+      hconn_close(h);
+    }
+  } else {
+    hconn_read(h);
+  }
+}
+
+static void on_read(void *arg, weft_tcp *c, long n) {
+  (void)c;
+  struct hconn *h = arg;
+  h->ops--;
+  if (!h->closing) {
+    if (n > 0) {
+      h->len += (size_t)n;
+      serve(h);
+    } else {
+      hconn_close(h);
+    }
+  }
+  hconn_maybe_free(h);
+}
+
+static void on_accept(void *arg, weft_tcp *c) {
+  (void)arg;
+  struct hconn *h = malloc(sizeof(*h));
+  if (!h) {
+    weft_tcp_close(c, 1, ex_on_close_noop, NULL);
+    return;
+  }
+  h->c = c;
+  h->ops = 0;
+  h->closing = h->last = false;
+  h->len = h->scan = 0;
+  weft_tcp_nodelay(c, 1);
+  hconn_read(h);
+  hconn_maybe_free(h);
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: http_hello [--port P] [--threads N] [--host ADDR]\n");
+  exit(1);
+}
+
+int main(int argc, char **argv) {
+  struct ex_opts o;
+  ex_opts_init(&o);
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 >= argc || ex_common_opt(&o, argv[i], argv[i + 1]) != 1)
+      usage();
+  }
+  for (size_t i = 0; i < MAX_REQS; i++)
+    memcpy(many + i * KEEP_LEN, resp_keep, KEEP_LEN);
+  sigset_t sigs;
+  ex_block_signals(&sigs);
+  weft_rt *rt = ex_rt_create("http_hello", &o);
+  weft_listener *l = ex_listen("http_hello", rt, &o, on_accept, NULL);
+  ex_wait_signal(&sigs);
+  return ex_stop("http_hello", rt, l);
+}

@@ -1,0 +1,219 @@
+/*
+ * netutil.h - what the network examples (echo, http_hello, tcp_proxy, chat)
+ * share: the common options (--port, --threads, --host), address parsing,
+ * the runtime and listener set-up that prints "listening on PORT", and the
+ * signal handling: SIGINT and SIGTERM are blocked before the runtime starts
+ * (its threads inherit the mask) and main waits for them with sigwait.
+ *
+ * Header-only (static inline) so that each example stays one file to build.
+ */
+#ifndef WEFT_EXAMPLES_NETUTIL_H
+#define WEFT_EXAMPLES_NETUTIL_H
+
+#include <weft.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+struct ex_opts {
+  const char *host; /* listening address; default 127.0.0.1 */
+  unsigned port;    /* 0: a free port */
+  unsigned threads; /* 0: weft's default */
+};
+
+static inline void ex_opts_init(struct ex_opts *o) {
+  o->host = "127.0.0.1";
+  o->port = 0;
+  o->threads = 0;
+}
+
+/* Parses an unsigned decimal no larger than max; false if it is not one. */
+static inline bool ex_parse_uint(const char *s, unsigned long max,
+                                 unsigned long *out) {
+  char *end;
+  if (!*s || *s == '-' || *s == '+')
+    return false;
+  errno = 0;
+  unsigned long v = strtoul(s, &end, 10);
+  if (errno || *end || v > max)
+    return false;
+  *out = v;
+  return true;
+}
+
+/* Handles one of the common options (name with its value); returns 1 if it
+ * was one, 0 if name is not a common option, -1 if the value is bad. */
+static inline int ex_common_opt(struct ex_opts *o, const char *name,
+                                const char *val) {
+  unsigned long v;
+  if (!strcmp(name, "--host")) {
+    o->host = val;
+    return 1;
+  }
+  if (!strcmp(name, "--port")) {
+    if (!ex_parse_uint(val, 65535, &v))
+      return -1;
+    o->port = (unsigned)v;
+    return 1;
+  }
+  if (!strcmp(name, "--threads")) {
+    if (!ex_parse_uint(val, WEFT_MAX_WORKERS, &v))
+      return -1;
+    o->threads = (unsigned)v;
+    return 1;
+  }
+  return 0;
+}
+
+/* Resolves host (a numeric IPv4 or IPv6 address, or a name) and port into
+ * ss. Returns 0 or -EINVAL; runs before the runtime exists, so it may
+ * block on the resolver. */
+static inline int ex_resolve(const char *host, unsigned port,
+                             struct sockaddr_storage *ss, unsigned *len) {
+  memset(ss, 0, sizeof(*ss));
+  struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+  struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+  if (inet_pton(AF_INET, host, &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons((uint16_t)port);
+    *len = sizeof(*a4);
+    return 0;
+  }
+  if (inet_pton(AF_INET6, host, &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons((uint16_t)port);
+    *len = sizeof(*a6);
+    return 0;
+  }
+  struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res;
+  if (getaddrinfo(host, NULL, &hints, &res) != 0)
+    return -EINVAL;
+  memcpy(ss, res->ai_addr, res->ai_addrlen);
+  *len = (unsigned)res->ai_addrlen;
+  freeaddrinfo(res);
+  if (ss->ss_family == AF_INET)
+    a4->sin_port = htons((uint16_t)port);
+  else if (ss->ss_family == AF_INET6)
+    a6->sin6_port = htons((uint16_t)port);
+  else
+    return -EINVAL;
+  return 0;
+}
+
+/* Parses "HOST:PORT" or "[V6ADDR]:PORT" and resolves it. 0 or -EINVAL. */
+static inline int ex_resolve_hostport(const char *hp,
+                                      struct sockaddr_storage *ss,
+                                      unsigned *len) {
+  char host[256];
+  const char *colon = strrchr(hp, ':');
+  unsigned long port;
+  if (!colon || !ex_parse_uint(colon + 1, 65535, &port) || port == 0)
+    return -EINVAL;
+  size_t n = (size_t)(colon - hp);
+  if (n >= 2 && hp[0] == '[' && hp[n - 1] == ']') {
+    hp++;
+    n -= 2;
+  }
+  if (n == 0 || n >= sizeof(host))
+    return -EINVAL;
+  memcpy(host, hp, n);
+  host[n] = '\0';
+  return ex_resolve(host, (unsigned)port, ss, len);
+}
+
+/* A close callback for a connection that owns nothing (one given up at
+ * once, e.g. when its state could not be allocated). */
+static inline void ex_on_close_noop(void *arg, weft_tcp *c) {
+  (void)arg;
+  (void)c;
+}
+
+/* Blocks SIGINT and SIGTERM in the calling thread (and so in every thread
+ * it starts afterwards) and returns the set for ex_wait_signal. */
+static inline void ex_block_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, set, NULL);
+}
+
+static inline void ex_wait_signal(const sigset_t *set) {
+  int sig;
+  while (sigwait(set, &sig) != 0) {
+  }
+}
+
+/* Creates the runtime with o->threads workers; exits with a message on
+ * failure. */
+static inline weft_rt *ex_rt_create(const char *prog, const struct ex_opts *o) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = o->threads;
+  weft_rt *rt;
+  int r = weft_rt_create(&rt, &cfg);
+  if (r < 0) {
+    fprintf(stderr, "%s: weft_rt_create: %s\n", prog, weft_strerror(r));
+    exit(1);
+  }
+  return rt;
+}
+
+/* Listens on o->host:o->port, prints "listening on PORT" and flushes.
+ * Exits with a message on failure (after destroying rt). */
+static inline weft_listener *ex_listen(const char *prog, weft_rt *rt,
+                                       const struct ex_opts *o,
+                                       weft_accept_fn fn, void *arg) {
+  struct sockaddr_storage ss;
+  unsigned len;
+  weft_listener *l;
+  int r = ex_resolve(o->host, o->port, &ss, &len);
+  if (r < 0) {
+    fprintf(stderr, "%s: bad --host '%s'\n", prog, o->host);
+  } else if ((r = weft_tcp_listen(rt, (struct sockaddr *)&ss, len, NULL, fn,
+                                  arg, &l)) < 0) {
+    fprintf(stderr, "%s: listen on %s:%u: %s\n", prog, o->host, o->port,
+            weft_strerror(r));
+  } else {
+    len = sizeof(ss);
+    r = weft_listener_addr(l, (struct sockaddr *)&ss, &len);
+    if (r < 0)
+      fprintf(stderr, "%s: weft_listener_addr: %s\n", prog, weft_strerror(r));
+  }
+  if (r < 0) {
+    weft_rt_destroy(rt);
+    exit(1);
+  }
+  unsigned port = ss.ss_family == AF_INET6
+                      ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                      : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+  printf("listening on %u\n", port);
+  fflush(stdout);
+  return l;
+}
+
+/* Stops accepting, then shuts the runtime down: weft closes every
+ * connection still open, and their pending callbacks run (-ECANCELED)
+ * before weft_rt_shutdown returns. Returns 0, or 1 after a message. */
+static inline int ex_stop(const char *prog, weft_rt *rt, weft_listener *l) {
+  int r = weft_listener_close(l, NULL, NULL);
+  if (r < 0)
+    fprintf(stderr, "%s: weft_listener_close: %s\n", prog, weft_strerror(r));
+  int s = weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN);
+  if (s < 0)
+    fprintf(stderr, "%s: weft_rt_shutdown: %s\n", prog, weft_strerror(s));
+  int d = weft_rt_destroy(rt);
+  if (d < 0)
+    fprintf(stderr, "%s: weft_rt_destroy: %s\n", prog, weft_strerror(d));
+  return r < 0 || s < 0 || d < 0;
+}
+
+#endif /* WEFT_EXAMPLES_NETUTIL_H */
