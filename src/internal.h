@@ -245,6 +245,8 @@ const char *weft__backend_name(int kind);
 /* Run loop: submit what is prepared, dispatch what completed; idle: the
  * shard's run queue is empty. */
 void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle);
+/* Submits what the shard's ring has prepared (a no-op for epoll). */
+void weft__io_flush(struct weft__shard *sh);
 /* Park: sleep in the backend until woken (t->wake), an event, or deadline
  * (UINT64_MAX: none). Dispatches nothing (the thread is still counted
  * parked); returns true when events wait to be dispatched. */
@@ -403,6 +405,7 @@ struct weft_rt {
   _Atomic int64_t tcp_open;        /* sockets whose descriptor is open */
   _Atomic uint64_t tcp_live;       /* sockets not yet freed */
   _Atomic uint32_t tcp_rr;         /* home shard of sockets made outside */
+  _Atomic uint32_t no_poll_first;  /* the kernel refused RECVSEND_POLL_FIRST */
   struct weft_listener *listeners; /* under life_lock; freed at destroy */
 
   /* lifecycle; closing and cancelling only go 0 -> 1 */

@@ -165,10 +165,11 @@ void weft__io_destroy(weft_rt *rt) {
 
 void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
   if (io->kind == WEFT_BACKEND_URING) {
-    /* Prepared SQEs go in when the shard runs out of work, or in groups
-     * while it is busy, so one enter carries many. */
-    if (io->unsubmitted &&
-        (idle || io->unsubmitted >= 16 || (sh->tick & 7) == 0))
+    /* Prepared SQEs go in groups while the shard is busy, so one enter
+     * carries many; out of work, the wait that parks the thread submits
+     * them, or weft__io_flush before it runs stolen work. */
+    if (io->unsubmitted && !idle &&
+        (io->unsubmitted >= 16 || (sh->tick & 7) == 0))
       weft__uring_submit(io);
     weft__uring_reap(io);
     return;
@@ -176,6 +177,12 @@ void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
   if (io->nev == 0 && (idle || (sh->tick & 15) == 0))
     weft__epoll_wait(io, 0, false);
   weft__epoll_dispatch(io);
+}
+
+void weft__io_flush(struct weft__shard *sh) {
+  struct weft__io *io = weft__load(&sh->io, WA_RLX);
+  if (io && io->unsubmitted)
+    weft__uring_submit(io);
 }
 
 bool weft__io_wait(struct weft__thread *t, struct weft__io *io,

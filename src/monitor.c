@@ -344,11 +344,20 @@ static bool runtime_idle(weft_rt *rt) {
   return (weft__load(&rt->idle.state, WA_SC) >> 32) == 0;
 }
 
+/* Ticks of continuous idleness before the monitor sleeps until nudged. A
+ * server under load parks and unparks all its threads thousands of times
+ * a second; a monitor that slept at each idle moment cost each of those
+ * unparks a futex wake and itself a context switch. 64 ticks: 32 ms. */
+#define IDLE_TICKS_BEFORE_SLEEP 64
+
 static void *monitor_main(void *arg) {
   weft_rt *rt = arg;
   struct weft__monitor *m = rt->monitor;
+  unsigned idle_ticks = 0;
   while (!weft__load(&m->stop, WA_ACQ)) {
-    if (runtime_idle(rt)) {
+    bool idle = runtime_idle(rt);
+    idle_ticks = idle ? idle_ticks + 1 : 0;
+    if (idle && idle_ticks > IDLE_TICKS_BEFORE_SLEEP) {
       /* Nothing runs: sleep until a thread unparks (weft__monitor_nudge).
        * sleeping and idle.state are both seq_cst: either we see the
        * unpark, or the unparker sees sleeping and wakes us. */

@@ -177,8 +177,10 @@ void weft__thread_main_loop(struct weft__thread *t) {
         if (!weft__park(rt, t))
           return;
         weft__stat_add(&sh->st_wakeups, 1);
+        weft__io_flush(sh); /* if it did not sleep in its ring */
         continue;
       }
+      weft__io_flush(sh); /* ours go in before the stolen work runs */
     }
     if (t->searching)
       weft__from_searching(rt, t);

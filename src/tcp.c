@@ -452,6 +452,12 @@ static void recv_submit(struct weft__sock *s) {
   struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
   if (sqe) {
     io_uring_prep_recv(sqe, s->fd, s->rbuf, s->rlen, 0);
+    /* After a receive that drained the socket (a request answered, the
+     * next not sent yet) the kernel's first try would fail: wait for data
+     * first (5.19; -EINVAL before, then never again). */
+    s->rd_pollfirst = s->rd_short && !weft__load(&s->rt->no_poll_first, WA_RLX);
+    if (s->rd_pollfirst)
+      sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
     io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
     s->rd_inflight = true;
   }
@@ -481,9 +487,13 @@ static void recv_now(struct weft__sock *s) {
 static void recv_completed(struct weft__sock *s) {
   s->rd_inflight = false;
   int res = s->rres;
+  s->rd_short = res > 0 && (size_t)res < s->rlen;
+  if (res == -EINVAL && s->rd_pollfirst)
+    weft__store(&s->rt->no_poll_first, 1, WA_RLX);
   if (s->state == ST_CLOSING) {
     read_complete(s, -ECANCELED);
-  } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED) {
+  } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED ||
+             (res == -EINVAL && s->rd_pollfirst)) {
     recv_submit(s); /* -ECANCELED: its submitter exited (io_uring.c) */
   } else {
     read_complete(s, res);

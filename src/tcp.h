@@ -92,7 +92,9 @@ struct weft__sock {
   bool hup;                /* epoll: EOF or error queued: reads never wait */
   bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
   bool free_pending;
-  int err; /* sticky write error, 0 if none */
+  bool rd_short;     /* uring: the last receive drained the socket */
+  bool rd_pollfirst; /* uring: the receive in flight waits for data first */
+  int err;           /* sticky write error, 0 if none */
   weft_rt *rt;
   weft_strand *strand;
   struct weft__shard *reg; /* the registry holding it (its tcp_lock) */
