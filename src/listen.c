@@ -19,6 +19,16 @@
  * see a reset or EOF instead of hanging), opens the spare again, and pauses
  * accepting for a backoff that doubles from 1 ms to 100 ms and resets on
  * the next successful accept. No accept call is made while paused.
+ *
+ * The drop must not race another shard's accept: one that ran between the
+ * close of the spare and the drop's accept would take the freed slot, the
+ * spare could not be reopened, and the clients waiting on this socket
+ * would hang. So fd_limit sets `limited` (seq_cst), waits until no shard
+ * accepts without the lock (`active`, a Dekker pair with `limited`), and
+ * from then on until an accept succeeds with the spare back in place, every
+ * shard accepts under the listener's limit_lock. Without a descriptor
+ * shortage the accept path takes no lock: one RMW pair on `active` per
+ * burst of up to 64 accepts.
  */
 #include "tcp.h"
 
@@ -26,6 +36,7 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -40,6 +51,12 @@ struct weft_listener {
   _Atomic uint32_t closed;    /* weft_listener_close was called */
   _Atomic unsigned open_socks;
   _Atomic int reserve; /* the spare descriptor, -1 while in use */
+  /* Out of descriptors (fd_limit): while `limited`, accepts run under
+   * limit_lock, so that no other shard's accept takes the slot the drop
+   * frees; `active` counts shards accepting without it. */
+  _Atomic uint32_t limited;
+  _Atomic uint32_t active;
+  pthread_mutex_t limit_lock;
   weft_fn done;
   void *done_arg;
   struct sockaddr_storage addr;
@@ -54,18 +71,13 @@ static bool is_uring(const struct weft__sock *s) {
   return s->rt->backend == WEFT_BACKEND_URING;
 }
 
-/* uring listeners are blocking sockets: accept only what is waiting. */
-static bool pending(int fd) {
-  struct pollfd p = {.fd = fd, .events = POLLIN};
-  return poll(&p, 1, 0) == 1 && (p.revents & POLLIN);
-}
-
+/* Listening sockets are non-blocking with both backends; what an accepted
+ * socket is follows the backend (tcp.c). */
 static int sync_accept(struct weft__sock *s) {
   struct weft_listener *l = s->lst;
-  if (is_uring(s) && !pending(s->fd))
-    return -EAGAIN;
   weft__fetch_add(&l->st_calls, 1, WA_RLX);
-  int fd = accept4(s->fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  int flags = SOCK_CLOEXEC | (is_uring(s) ? 0 : SOCK_NONBLOCK);
+  int fd = accept4(s->fd, NULL, NULL, flags);
   return fd < 0 ? -errno : fd;
 }
 
@@ -80,9 +92,14 @@ static void resume(void *arg, int status, uint64_t missed) {
 }
 
 /* Descriptors ran out: drop what waits, using the spare, then pause. */
+/* With limit_lock held. */
 static void fd_limit(struct weft__sock *s) {
   struct weft_listener *l = s->lst;
   weft__fetch_add(&l->st_limit, 1, WA_RLX);
+  /* Shards accepting without the lock saw `limited` clear: let them
+   * finish their burst (a few syscalls) before a slot is freed. */
+  while (weft__load(&l->active, WA_SC))
+    sched_yield();
   int spare = weft__xchg(&l->reserve, -1, WA_ACQ);
   if (spare >= 0) {
     close(spare);
@@ -95,8 +112,11 @@ static void fd_limit(struct weft__sock *s) {
       close(fd);
       weft__fetch_add(&l->st_dropped, 1, WA_RLX);
     }
+    /* Another shard's reopen_spare may have put one back meanwhile. */
+    int none = -1;
     spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    weft__store(&l->reserve, spare, WA_REL); /* -1: reopened on resume */
+    if (spare >= 0 && !weft__cas(&l->reserve, &none, spare, WA_REL, WA_RLX))
+      close(spare); /* -1 (open failed): reopened on resume */
   }
   s->paused = true;
   weft__fetch_add(&l->st_paused, 1, WA_RLX);
@@ -116,7 +136,8 @@ static void reopen_spare(struct weft_listener *l) {
     close(fd);
 }
 
-/* One accept result: a descriptor or a negative errno. false: stop. */
+/* One accept result: a descriptor or a negative errno. false: stop;
+ * s->at_limit says if descriptors ran out. */
 static bool accepted(struct weft__sock *s, int fd) {
   struct weft_listener *l = s->lst;
   if (fd >= 0) {
@@ -127,7 +148,6 @@ static bool accepted(struct weft__sock *s, int fd) {
   }
   switch (fd) {
   case -EINTR:
-  case -ECANCELED: /* uring: its submitter exited (io_uring.c) */
   case -ECONNABORTED:
   case -EPROTO:
   case -EPERM: /* a firewall refused this one */
@@ -136,7 +156,7 @@ static bool accepted(struct weft__sock *s, int fd) {
   case -ENFILE:
   case -ENOBUFS:
   case -ENOMEM:
-    fd_limit(s);
+    s->at_limit = true;
     return false;
   case -EAGAIN:
     s->readable = false;
@@ -146,33 +166,58 @@ static bool accepted(struct weft__sock *s, int fd) {
   }
 }
 
-static void accept_submit(struct weft__sock *s) {
+/* uring: wait for connections with a poll of the listening socket, then
+ * accept them here. Not accept requests: one in flight in the kernel takes
+ * a descriptor the moment one is free, racing the drop in fd_limit, whose
+ * spare slot it would take (test_tcp_emfile lost clients that way). */
+static void poll_submit(struct weft__sock *s) {
   struct weft__shard *sh = weft__local_begin(s->rt);
   struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
   if (sqe) {
-    io_uring_prep_accept(sqe, s->fd, NULL, NULL, SOCK_CLOEXEC);
+    io_uring_prep_poll_add(sqe, s->fd, POLLIN);
     io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
     s->rd_inflight = true;
-    weft__fetch_add(&s->lst->st_calls, 1, WA_RLX);
   }
   weft__local_end(sh);
   if (!sqe)
     weft__sock_kick(s);
 }
 
+static void accept_burst(struct weft__sock *s) {
+  s->at_limit = false;
+  for (int i = 0; i < ACCEPT_BUDGET; i++) {
+    if (!s->readable || !accepted(s, sync_accept(s))) {
+      if (!s->readable && is_uring(s) && !s->rd_inflight)
+        poll_submit(s);
+      return;
+    }
+  }
+  weft__sock_kick(s); /* more may wait: after other strands' turns */
+}
+
 static void accept_more(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
   if (s->paused)
     return;
-  reopen_spare(s->lst);
-  if (is_uring(s)) {
-    if (!s->rd_inflight)
-      accept_submit(s);
+  s->at_limit = false;
+  weft__fetch_add(&l->active, 1, WA_SC);
+  bool limited = weft__load(&l->limited, WA_SC);
+  if (!limited)
+    accept_burst(s);
+  weft__fetch_sub(&l->active, 1, WA_SC);
+  if (!limited && !s->at_limit)
     return;
+  weft__store(&l->limited, 1, WA_SC);
+  pthread_mutex_lock(&l->limit_lock);
+  if (!s->at_limit) {
+    reopen_spare(l);
+    accept_burst(s);
   }
-  for (int i = 0; i < ACCEPT_BUDGET; i++)
-    if (!s->readable || !accepted(s, sync_accept(s)))
-      return;
-  weft__sock_kick(s); /* more may wait: after other strands' turns */
+  if (s->at_limit)
+    fd_limit(s);
+  else if (weft__load(&l->reserve, WA_RLX) >= 0)
+    weft__store(&l->limited, 0, WA_SC); /* accepting works again */
+  pthread_mutex_unlock(&l->limit_lock);
 }
 
 static void lsock_finished(struct weft__sock *s) {
@@ -187,14 +232,8 @@ static void lsock_finished(struct weft__sock *s) {
 
 void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
   if (bits & EV_RDONE) {
-    s->rd_inflight = false;
-    int res = s->rres;
-    if (s->state != ST_OPEN) {
-      if (res >= 0)
-        close(res);
-    } else {
-      accepted(s, res); /* then accept_more submits the next one */
-    }
+    s->rd_inflight = false; /* the poll: whatever it says, accept4 tells */
+    s->readable = true;
   }
   if (bits & EV_IN)
     s->readable = true;
@@ -219,6 +258,12 @@ static int bind_one(weft_rt *rt, struct weft_listener *l, bool reuseport,
   if (fd < 0)
     return fd;
   int one = 1;
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) {
+    int r = -errno;
+    close(fd);
+    return r;
+  }
   if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
       (reuseport &&
        setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) ||
@@ -267,6 +312,7 @@ static void listener_free(struct weft_listener *l) {
   int fd = weft__load(&l->reserve, WA_RLX);
   if (fd >= 0)
     close(fd);
+  pthread_mutex_destroy(&l->limit_lock);
   free(l);
 }
 
@@ -289,6 +335,7 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   l->gens = (uint32_t *)&l->socks[n];
   l->rt = rt;
   l->n = n;
+  pthread_mutex_init(&l->limit_lock, NULL);
   memcpy(&l->addr, addr, addrlen);
   l->addrlen = addrlen;
   int spare = open("/dev/null", O_RDONLY | O_CLOEXEC);

@@ -57,12 +57,19 @@ static struct weft__pool_cache *node_cache(struct weft__shard *sh) {
   return sh ? &sh->node_cache : NULL;
 }
 
-/* After a node ran. An embedded node's `embedded` is written only when its
- * owner is created, so reading it here races with nothing, even if the
- * owner has already pushed the node again (tcp.c). */
+/* After a node ran, while the strand is still ours: its owner (a socket,
+ * tcp.c) cannot be freed and reused before a later node of this strand
+ * runs. Once the strand is given up, use node_release with the flag read
+ * before. */
 static inline void node_free(weft_rt *rt, struct weft__pool_cache *nc,
                              struct weft__node *n) {
   if (!n->embedded)
+    weft__pool_free(&rt->node_pool, nc, n);
+}
+
+static inline void node_release(weft_rt *rt, struct weft__pool_cache *nc,
+                                struct weft__node *n, bool embedded) {
+  if (!embedded)
     weft__pool_free(&rt->node_pool, nc, n);
 }
 
@@ -198,13 +205,16 @@ int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
     return -EINVAL;
   if (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC)
     return -EBADF;
+  /* rt read now: once pushed, the handler may run, end with a release of
+   * s, and s be reused before post_end. */
+  weft_rt *rt = s->rt;
   struct weft__shard *sh;
   struct weft__node *n;
-  int r = post_begin(s->rt, fn, cancel, arg, &sh, &n);
+  int r = post_begin(rt, fn, cancel, arg, &sh, &n);
   if (r)
     return r;
   weft__strand_push(s, sh, n, false);
-  post_end(s->rt, sh);
+  post_end(rt, sh);
   return 0;
 }
 
@@ -320,15 +330,18 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     struct weft__node *next = node_next(n);
     if (!next) {
       uintptr_t expect = (uintptr_t)n;
-      bool self_released = s->self_released; /* read while s is ours */
+      /* Read while s is ours: after the CAS an embedded node's owner may
+       * be freed and reused by the strand's next drainer. */
+      bool self_released = s->self_released;
+      bool embedded = n->embedded;
       if (weft__cas(&s->tail, &expect, 0, WA_AR, WA_ACQ)) {
-        node_free(rt, nc, n);
+        node_release(rt, nc, n, embedded);
         if (self_released)
           strand_reclaim(s); /* released: nobody may push any more */
         break;               /* idle: s is no longer ours */
       }
       if (expect == ((uintptr_t)n | RELEASED_BIT)) {
-        node_free(rt, nc, n);
+        node_release(rt, nc, n, embedded);
         strand_reclaim(s);
         break;
       }

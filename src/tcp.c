@@ -666,6 +666,8 @@ static void conn_run(struct weft__sock *s, uint32_t bits) {
   if (s->state == ST_OPEN) {
     if (s->rt->backend == WEFT_BACKEND_EPOLL)
       recv_now(s);
+    else if (s->reading && !s->rd_inflight)
+      recv_submit(s); /* it could not be submitted before: kicked */
     pump_writes(s);
   }
   if (s->state == ST_CLOSING) {

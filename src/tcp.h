@@ -132,6 +132,7 @@ struct weft__sock {
   struct weft_listener *lst;
   uint64_t backoff_ns;
   bool paused;
+  bool at_limit; /* the last accept burst ran out of descriptors */
 };
 
 /* tcp.c, used by listen.c */
