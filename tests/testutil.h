@@ -466,4 +466,539 @@ static inline void tu_rt_create_(const char *file, int line, weft_rt **rtp,
                weft_strerror(got_), want_, weft_strerror(want_));              \
   } while (0)
 
+/* ------------------------------------------------------------------ events */
+
+/* A counter that waiters block on (a condition variable, no polling): for
+ * loops that wait many times, where the 1 ms poll of tu_wait_count would
+ * dominate. tu_event_add may be called from any thread, handlers included. */
+typedef struct tu_event {
+  pthread_mutex_t m;
+  pthread_cond_t c;
+  uint64_t v;
+} tu_event;
+
+static inline void tu_event_init(tu_event *e) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&e->m, NULL);
+  pthread_cond_init(&e->c, &ca);
+  pthread_condattr_destroy(&ca);
+  e->v = 0;
+}
+
+static inline void tu_event_destroy(tu_event *e) {
+  pthread_cond_destroy(&e->c);
+  pthread_mutex_destroy(&e->m);
+}
+
+static inline void tu_event_add(tu_event *e, uint64_t n) {
+  pthread_mutex_lock(&e->m);
+  e->v += n;
+  pthread_cond_broadcast(&e->c);
+  pthread_mutex_unlock(&e->m);
+}
+
+static inline uint64_t tu_event_get(tu_event *e) {
+  pthread_mutex_lock(&e->m);
+  uint64_t v = e->v;
+  pthread_mutex_unlock(&e->m);
+  return v;
+}
+
+/* Waits until the count reaches target, at most TU_WAIT_S seconds. Any
+ * thread: on timeout it records an async failure and returns false. */
+static inline bool tu_event_wait_bg(tu_event *e, uint64_t target,
+                                    const char *what) {
+  struct timespec dl;
+  bool ok = true;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  dl.tv_sec += TU_WAIT_S;
+  pthread_mutex_lock(&e->m);
+  while (e->v < target) {
+    if (pthread_cond_timedwait(&e->c, &e->m, &dl) == ETIMEDOUT &&
+        e->v < target) {
+      tu_async_fail(__FILE__, __LINE__,
+                    "timed out after %d s waiting for %s: %" PRIu64
+                    " of %" PRIu64,
+                    TU_WAIT_S, what, e->v, target);
+      ok = false;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&e->m);
+  return ok;
+}
+
+/* The same on the test thread: fails the test on timeout. */
+#define tu_event_wait(e, target, what)                                         \
+  do {                                                                         \
+    if (!tu_event_wait_bg((e), (target), (what)))                              \
+      fail_msg("timed out waiting for %s", (what));                            \
+  } while (0)
+
+/* As tu_assert_rc, from any thread (handlers, callbacks): records a failure
+ * instead of failing at once. */
+#define TU_CHECK_RC(call, want)                                                \
+  do {                                                                         \
+    int got_ = (call);                                                         \
+    int want_ = (want);                                                        \
+    if (got_ != want_)                                                         \
+      tu_async_fail(__FILE__, __LINE__,                                        \
+                    "%s returned %d (%s), expected %d (%s)", #call, got_,      \
+                    weft_strerror(got_), want_, weft_strerror(want_));         \
+  } while (0)
+
+/* ---------------------------------------------------------- on a strand */
+
+/* Runs fn(arg) on strand s and waits (bounded) until it has returned. Test
+ * thread only: weft_tcp_* calls that must run on a connection's strand. */
+typedef struct tu_strand_call {
+  weft_fn fn;
+  void *arg;
+  tu_event done;
+} tu_strand_call;
+
+static inline void tu_strand_call_handler(void *arg) {
+  tu_strand_call *sc = arg;
+  sc->fn(sc->arg);
+  tu_event_add(&sc->done, 1);
+}
+
+#define tu_on_strand(s, fn, arg)                                               \
+  tu_on_strand_(__FILE__, __LINE__, (s), (fn), (arg))
+static inline void tu_on_strand_(const char *file, int line, weft_strand *s,
+                                 weft_fn fn, void *arg) {
+  tu_strand_call sc = {.fn = fn, .arg = arg};
+  tu_event_init(&sc.done);
+  int rc = weft_post(s, tu_strand_call_handler, &sc);
+  if (rc != 0) {
+    tu_event_destroy(&sc.done);
+    print_error("weft_post to run on a strand failed: %d (%s)\n", rc,
+                weft_strerror(rc));
+    _fail(file, line);
+    return;
+  }
+  bool ok = tu_event_wait_bg(&sc.done, 1, "a handler posted to a strand");
+  tu_event_destroy(&sc.done);
+  if (!ok)
+    _fail(file, line);
+}
+
+/* ----------------------------------------------------------------- backend */
+
+/* The backend that the environment variable WEFT_BACKEND names
+ * (WEFT_BACKEND_URING, _EPOLL, _NONE), -1 when it is unset or empty, -2 when
+ * it names none of them. */
+static inline int tu_backend_from_env(void) {
+  const char *e = getenv("WEFT_BACKEND");
+  if (e == NULL || *e == '\0')
+    return -1;
+  if (strcmp(e, "uring") == 0)
+    return WEFT_BACKEND_URING;
+  if (strcmp(e, "epoll") == 0)
+    return WEFT_BACKEND_EPOLL;
+  if (strcmp(e, "none") == 0)
+    return WEFT_BACKEND_NONE;
+  return -2;
+}
+
+static inline const char *tu_backend_str(int b) {
+  switch (b) {
+  case WEFT_BACKEND_URING:
+    return "uring";
+  case WEFT_BACKEND_EPOLL:
+    return "epoll";
+  case WEFT_BACKEND_NONE:
+    return "none";
+  default:
+    return "?";
+  }
+}
+
+/* Fails the test if the runtime's backend is not the one WEFT_BACKEND
+ * names (a silent fallback), or if its name does not match its number.
+ * Test thread only. */
+#define tu_assert_backend(rt) tu_assert_backend_(__FILE__, __LINE__, (rt))
+static inline void tu_assert_backend_(const char *file, int line, weft_rt *rt) {
+  int got = weft_rt_backend(rt);
+  const char *name = weft_rt_backend_name(rt);
+  if (name == NULL || strcmp(name, tu_backend_str(got)) != 0) {
+    print_error("weft_rt_backend is %d but weft_rt_backend_name is \"%s\"\n",
+                got, name ? name : "(null)");
+    _fail(file, line);
+    return;
+  }
+  int want = tu_backend_from_env();
+  if (want == -2) {
+    print_error("WEFT_BACKEND=\"%s\" names no backend\n",
+                getenv("WEFT_BACKEND"));
+    _fail(file, line);
+  } else if (want >= 0 && got != want) {
+    print_error("WEFT_BACKEND=%s, but the runtime uses %s\n",
+                tu_backend_str(want), name);
+    _fail(file, line);
+  }
+}
+
+/* ----------------------------------------------------------------- sockets */
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+/* 127.0.0.1:port. */
+static inline void tu_addr_loopback(struct sockaddr_in *a, uint16_t port) {
+  memset(a, 0, sizeof *a);
+  a->sin_family = AF_INET;
+  a->sin_port = htons(port);
+  a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+}
+
+/* The port of an IPv4 or IPv6 address, 0 for anything else. */
+static inline uint16_t tu_addr_port(const struct sockaddr *a) {
+  if (a->sa_family == AF_INET)
+    return ntohs(((const struct sockaddr_in *)(const void *)a)->sin_port);
+  if (a->sa_family == AF_INET6)
+    return ntohs(((const struct sockaddr_in6 *)(const void *)a)->sin6_port);
+  return 0;
+}
+
+/* Listens on 127.0.0.1, port 0, and returns the port picked. Test thread. */
+#define tu_tcp_listen(rt, opts, fn, arg, lp)                                   \
+  tu_tcp_listen_(__FILE__, __LINE__, (rt), (opts), (fn), (arg), (lp))
+static inline uint16_t tu_tcp_listen_(const char *file, int line, weft_rt *rt,
+                                      const weft_listen_opts *opts,
+                                      weft_accept_fn fn, void *arg,
+                                      weft_listener **lp) {
+  struct sockaddr_in a;
+  struct sockaddr_storage got;
+  unsigned len = sizeof got;
+  tu_addr_loopback(&a, 0);
+  *lp = NULL;
+  int rc =
+      weft_tcp_listen(rt, (struct sockaddr *)&a, sizeof a, opts, fn, arg, lp);
+  if (rc == 0)
+    rc = weft_listener_addr(*lp, (struct sockaddr *)&got, &len);
+  if (rc != 0 || tu_addr_port((struct sockaddr *)&got) == 0) {
+    print_error("listening on 127.0.0.1:0 failed: %d (%s)\n", rc,
+                weft_strerror(rc));
+    _fail(file, line);
+    return 0;
+  }
+  return tu_addr_port((struct sockaddr *)&got);
+}
+
+/* The local port of a plain socket, 0 on error. */
+static inline uint16_t tu_sock_port(int fd) {
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  if (getsockname(fd, (struct sockaddr *)&a, &len) != 0)
+    return 0;
+  return tu_addr_port((struct sockaddr *)&a);
+}
+
+/* The peer port of a plain socket, 0 on error. */
+static inline uint16_t tu_sock_peer_port(int fd) {
+  struct sockaddr_storage a;
+  socklen_t len = sizeof a;
+  if (getpeername(fd, (struct sockaddr *)&a, &len) != 0)
+    return 0;
+  return tu_addr_port((struct sockaddr *)&a);
+}
+
+/* A plain blocking TCP socket with SO_RCVBUF / SO_SNDBUF set (when not 0)
+ * before it connects to 127.0.0.1:port, and send/receive timeouts of
+ * TU_WAIT_S so that nothing blocks forever. Returns the fd or -errno. */
+static inline int tu_sock_connect(uint16_t port, int rcvbuf, int sndbuf) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  struct timeval tv = {TU_WAIT_S, 0};
+  struct sockaddr_in a;
+  tu_addr_loopback(&a, port);
+  if ((rcvbuf > 0 &&
+       setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf) != 0) ||
+      (sndbuf > 0 &&
+       setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf) != 0) ||
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) != 0 ||
+      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv) != 0 ||
+      connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  return fd;
+}
+
+/* A plain listening socket on 127.0.0.1, port 0; *port receives the port.
+ * Returns the fd or -errno. */
+static inline int tu_sock_listen(int backlog, uint16_t *port) {
+  *port = 0;
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -errno;
+  struct sockaddr_in a;
+  tu_addr_loopback(&a, 0);
+  if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
+      listen(fd, backlog) != 0) {
+    int e = errno;
+    close(fd);
+    return -e;
+  }
+  *port = tu_sock_port(fd);
+  return fd;
+}
+
+/* Waits (bounded by ms) for events on fd: the revents, 0 on timeout, -errno
+ * on error. */
+static inline int tu_sock_poll(int fd, short events, int ms) {
+  struct pollfd p = {.fd = fd, .events = events};
+  for (;;) {
+    int n = poll(&p, 1, ms);
+    if (n > 0)
+      return p.revents;
+    if (n == 0)
+      return 0;
+    if (errno != EINTR)
+      return -errno;
+  }
+}
+
+/* Accepts one connection on a plain listening socket, waiting at most
+ * TU_WAIT_S. Returns the fd or -errno (-ETIMEDOUT). */
+static inline int tu_sock_accept(int lfd) {
+  int ev = tu_sock_poll(lfd, POLLIN, TU_WAIT_S * 1000);
+  if (ev <= 0)
+    return ev == 0 ? -ETIMEDOUT : ev;
+  int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+  return fd >= 0 ? fd : -errno;
+}
+
+/* Sends all len bytes (MSG_NOSIGNAL). 0 or -errno. */
+static inline int tu_sock_send_all(int fd, const void *buf, size_t len) {
+  const char *p = buf;
+  while (len > 0) {
+    ssize_t n = send(fd, p, len, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return -errno;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* Receives exactly len bytes. 0, -EPIPE on an early EOF, or -errno. */
+static inline int tu_sock_recv_all(int fd, void *buf, size_t len) {
+  char *p = buf;
+  while (len > 0) {
+    ssize_t n = recv(fd, p, len, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return -errno;
+    if (n == 0)
+      return -EPIPE;
+    p += n;
+    len -= (size_t)n;
+  }
+  return 0;
+}
+
+/* Makes close(fd) send RST instead of FIN (SO_LINGER {1, 0}). */
+static inline int tu_sock_linger0(int fd) {
+  struct linger lg = {.l_onoff = 1, .l_linger = 0};
+  return setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) == 0 ? 0
+                                                                    : -errno;
+}
+
+/* Reads and discards until the peer closes: 0 on EOF, -ECONNRESET on RST,
+ * -ETIMEDOUT if neither came within ms, or another -errno. *bytes (if not
+ * NULL) receives the number of bytes discarded. */
+static inline int tu_sock_wait_closed(int fd, int ms, uint64_t *bytes) {
+  char buf[4096];
+  uint64_t deadline = tu_now_ns() + (uint64_t)ms * 1000000u;
+  if (bytes)
+    *bytes = 0;
+  for (;;) {
+    uint64_t now = tu_now_ns();
+    if (now >= deadline)
+      return -ETIMEDOUT;
+    int ev = tu_sock_poll(fd, POLLIN, (int)((deadline - now) / 1000000u) + 1);
+    if (ev < 0)
+      return ev;
+    if (ev == 0)
+      continue;
+    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0)
+      return 0;
+    if (n < 0 && errno != EAGAIN && errno != EINTR)
+      return -errno;
+    if (n > 0 && bytes)
+      *bytes += (uint64_t)n;
+  }
+}
+
+/* A plain listener that connections cannot complete to: backlog 0 and its
+ * accept queue filled by sockets that are never accepted, so the kernel
+ * drops further SYNs (connects stay pending, retrying for minutes). */
+#define TU_FULL_MAX 16
+typedef struct tu_full_listener {
+  int lfd;
+  uint16_t port;
+  int fill[TU_FULL_MAX];
+  int nfill;
+} tu_full_listener;
+
+/* 0 once a probe connect stayed pending for 200 ms; -errno on failure. */
+static inline int tu_full_listener_open(tu_full_listener *f) {
+  f->nfill = 0;
+  f->port = 0;
+  f->lfd = tu_sock_listen(0, &f->port);
+  if (f->lfd < 0)
+    return f->lfd;
+  struct sockaddr_in a;
+  tu_addr_loopback(&a, f->port);
+  while (f->nfill < TU_FULL_MAX) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+      return -errno;
+    f->fill[f->nfill++] = fd;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0 &&
+        errno != EINPROGRESS)
+      return -errno;
+    if (tu_sock_poll(fd, POLLOUT, 200) == 0)
+      return 0; /* this one is pending: the queue is full */
+  }
+  return -EAGAIN;
+}
+
+static inline void tu_full_listener_close(tu_full_listener *f) {
+  while (f->nfill > 0)
+    close(f->fill[--f->nfill]);
+  if (f->lfd >= 0)
+    close(f->lfd);
+  f->lfd = -1;
+}
+
+/* Calls fn(fd, ctx) for every TCP socket of this process bound to local
+ * port lport (any local port if 0) whose peer port is pport (listening
+ * sockets if pport is 0); returns how many there were. Tests use it to
+ * reach the sockets weft opened, e.g. to shrink their buffers: accepted
+ * sockets inherit SO_SNDBUF and SO_RCVBUF from their listener. */
+typedef void (*tu_fd_fn)(int fd, void *ctx);
+static inline int tu_for_tcp_fds(uint16_t lport, uint16_t pport, tu_fd_fn fn,
+                                 void *ctx) {
+  DIR *d = opendir("/proc/self/fd");
+  if (d == NULL)
+    return -errno;
+  int n = 0;
+  struct dirent *de;
+  while ((de = readdir(d)) != NULL) {
+    int fd = atoi(de->d_name);
+    int type = 0, listening = 0;
+    socklen_t len = sizeof type;
+    if (de->d_name[0] < '0' || de->d_name[0] > '9' || fd == dirfd(d) ||
+        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 ||
+        type != SOCK_STREAM)
+      continue;
+    len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 ||
+        (pport == 0) != (listening != 0))
+      continue;
+    if ((lport != 0 && tu_sock_port(fd) != lport) ||
+        (pport != 0 && tu_sock_peer_port(fd) != pport))
+      continue;
+    fn(fd, ctx);
+    n++;
+  }
+  closedir(d);
+  return n;
+}
+
+static inline void tu_fd_set_bufs(int fd, void *ctx) {
+  const int *v = ctx; /* {sndbuf, rcvbuf}; 0: leave it */
+  if (v[0] > 0)
+    (void)setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &v[0], sizeof v[0]);
+  if (v[1] > 0)
+    (void)setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &v[1], sizeof v[1]);
+}
+
+/* Sets SO_SNDBUF / SO_RCVBUF (0: leave it) on every listening socket of
+ * this process on port: connections accepted afterwards inherit them, so a
+ * weft listener's connections get small kernel buffers and writes stay
+ * queued in weft. Returns the number of sockets changed. */
+static inline int tu_shrink_listener_bufs(uint16_t port, int sndbuf,
+                                          int rcvbuf) {
+  int v[2] = {sndbuf, rcvbuf};
+  return tu_for_tcp_fds(port, 0, tu_fd_set_bufs, v);
+}
+
+/* Predicate for tu_wait_until: stats.tcp_live <= value. */
+static inline bool tu_pred_tcp_live_le(void *ctx, char *buf, size_t len) {
+  tu_stat_wait *w = ctx;
+  weft_stats st;
+  memset(&st, 0, sizeof st);
+  if (weft_rt_stats(w->rt, &st) != 0) {
+    snprintf(buf, len, "weft_rt_stats failed");
+    return false;
+  }
+  snprintf(buf, len, "tcp_live %" PRIu64 ", want <= %" PRIu64, st.tcp_live,
+           w->value);
+  return st.tcp_live <= w->value;
+}
+
+/* --------------------------------------------------------------- patterns */
+
+/* A byte stream that is a pure function of (seed, offset): a receiver can
+ * check any slice of it without the sender's help. */
+static inline uint64_t tu_pattern_word(uint64_t seed, uint64_t word) {
+  uint64_t z = seed ^ (word * 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+static inline void tu_pattern_fill(void *buf, size_t len, uint64_t seed,
+                                   uint64_t off) {
+  unsigned char *p = buf;
+  uint64_t w = tu_pattern_word(seed, off >> 3);
+  for (size_t i = 0; i < len; i++, off++) {
+    if ((off & 7) == 0)
+      w = tu_pattern_word(seed, off >> 3);
+    p[i] = (unsigned char)(w >> (8 * (off & 7)));
+  }
+}
+
+/* The index of the first byte of buf that differs from the pattern at off,
+ * or len if none does. */
+static inline size_t tu_pattern_check(const void *buf, size_t len,
+                                      uint64_t seed, uint64_t off) {
+  const unsigned char *p = buf;
+  uint64_t w = tu_pattern_word(seed, off >> 3);
+  for (size_t i = 0; i < len; i++, off++) {
+    if ((off & 7) == 0)
+      w = tu_pattern_word(seed, off >> 3);
+    if (p[i] != (unsigned char)(w >> (8 * (off & 7))))
+      return i;
+  }
+  return len;
+}
+
+/* FNV-1a, 64 bits, continued from h (start with TU_FNV_INIT). */
+#define TU_FNV_INIT 0xcbf29ce484222325ull
+static inline uint64_t tu_fnv1a(uint64_t h, const void *buf, size_t len) {
+  const unsigned char *p = buf;
+  for (size_t i = 0; i < len; i++)
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
 #endif /* WEFT_TESTUTIL_H */
