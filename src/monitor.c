@@ -112,13 +112,15 @@ static bool spawn_spare(weft_rt *rt) {
   slot->rt = rt;
   slot->idx = idx;
   slot->slot_state = WEFT_TH_LIVE;
+  /* Started with no shard: its loop makes it wait as a spare. Created
+   * under spare_lock, so that join_all, which reads tid under it, never
+   * sees a LIVE slot whose tid is not written yet (it would skip the join
+   * and free the runtime under the new thread). */
+  bool ok = pthread_create(&slot->tid, NULL, weft__thread_entry, slot) == 0;
+  if (!ok)
+    slot->slot_state = WEFT_TH_FREE;
   pthread_mutex_unlock(&rt->spare_lock);
-  /* Started with no shard: its loop makes it wait as a spare. */
-  if (pthread_create(&slot->tid, NULL, weft__thread_entry, slot) != 0) {
-    set_slot_state(rt, slot, WEFT_TH_FREE);
-    return false;
-  }
-  return true;
+  return ok;
 }
 
 int weft__spare_prestart(weft_rt *rt) {
