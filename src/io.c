@@ -180,7 +180,8 @@ void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
 }
 
 void weft__io_flush(struct weft__shard *sh) {
-  struct weft__io *io = weft__load(&sh->io, WA_RLX);
+  /* acquire: pairs with the publication in weft__io_ensure */
+  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
   if (io && io->unsubmitted)
     weft__uring_submit(io);
 }
