@@ -187,8 +187,8 @@ static void on_closed(void *arg, weft_tcp *c) {
   client_finish(cl);
 }
 
-/* If weft_tcp_close fails (-EALREADY: weft_rt_shutdown may be closing it
- * already) no close callback of ours will come, and the connection's ref
+/* If weft_tcp_close fails (-ESHUTDOWN from outside the runtime once it
+ * shut down) no close callback of ours will come, and the connection's ref
  * goes when the last pending callback has run. Callers run client_finish. */
 static void client_close(struct client *cl) {
   if (cl->closing)

@@ -46,8 +46,8 @@ static void on_close(void *arg, weft_tcp *c) {
 }
 
 /* Starts closing k; the caller runs conn_maybe_free afterwards. If
- * weft_tcp_close fails (-EALREADY: weft_rt_shutdown may be closing it
- * already) no close callback of ours will come: k goes when its last
+ * weft_tcp_close fails (-ESHUTDOWN from outside the runtime once it
+ * shut down) no close callback of ours will come: k goes when its last
  * pending callback has run. */
 static void conn_close(struct conn *k) {
   if (k->closing)

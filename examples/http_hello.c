@@ -78,8 +78,8 @@ static void on_close(void *arg, weft_tcp *c) {
   hconn_maybe_free(h);
 }
 
-/* If weft_tcp_close fails (-EALREADY: weft_rt_shutdown may be closing it
- * already) no close callback of ours will come: h goes when its last
+/* If weft_tcp_close fails (-ESHUTDOWN from outside the runtime once it
+ * shut down) no close callback of ours will come: h goes when its last
  * pending callback has run. */
 static void hconn_close(struct hconn *h) {
   if (h->closing)

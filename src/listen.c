@@ -286,7 +286,7 @@ static int bind_one(weft_rt *rt, struct weft_listener *l, bool reuseport,
 
 static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd,
                      weft_accept_fn fn, void *arg) {
-  struct weft__sock *s = weft__sock_new(rt, fd, SK_LISTEN, NULL, i);
+  struct weft__sock *s = weft__sock_new(rt, fd, SK_LISTEN, NULL);
   if (!s) {
     close(fd);
     return -ENOMEM;

@@ -100,12 +100,11 @@ bool weft__on_strand(const struct weft__sock *s) {
  */
 
 struct weft__sock *weft__sock_new(weft_rt *rt, int fd, int kind,
-                                  weft_strand *strand, unsigned home) {
+                                  weft_strand *strand) {
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__sock *s =
       weft__pool_alloc(&rt->sock_pool, sh ? &sh->sock_cache : NULL);
   weft__local_end(sh);
-  (void)home;
   if (!s)
     return NULL;
   uint64_t ev = weft__load(&s->ev, WA_RLX); /* survives a free */
@@ -708,7 +707,7 @@ static void sock_run1(void *arg) { sock_run(arg, 1); }
 void weft__conn_accepted(struct weft__sock *ls, int fd) {
   weft_rt *rt = ls->rt;
   unsigned home = weft__tcp_home(rt);
-  struct weft__sock *s = weft__sock_new(rt, fd, SK_CONN, NULL, home);
+  struct weft__sock *s = weft__sock_new(rt, fd, SK_CONN, NULL);
   if (!s) {
     close(fd);
     return;
@@ -949,7 +948,7 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
   if (fd < 0)
     return fd;
   unsigned home = weft__tcp_home(rt);
-  struct weft__sock *s = weft__sock_new(rt, fd, SK_CONN, strand, home);
+  struct weft__sock *s = weft__sock_new(rt, fd, SK_CONN, strand);
   if (!s) {
     close(fd);
     return -ENOMEM;

@@ -137,7 +137,7 @@ struct weft__sock {
 
 /* tcp.c, used by listen.c */
 struct weft__sock *weft__sock_new(weft_rt *rt, int fd, int kind,
-                                  weft_strand *strand, unsigned home);
+                                  weft_strand *strand);
 /* Publishes s (every field set before this call), registers it for the
  * shutdown sweep and with its home shard's epoll set; -ESHUTDOWN once the
  * runtime shuts down. */
