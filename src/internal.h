@@ -13,6 +13,7 @@
 #define WEFT_INTERNAL_H
 
 #include "atomics.h"
+#include "lock.h"
 #include "weft.h"
 
 #include <pthread.h>
@@ -301,7 +302,7 @@ struct weft__shard {
   struct weft__pool_cache sock_cache;
   /* timers: next deadline (ns, UINT64_MAX: none) readable without tlock */
   _Atomic uint64_t timer_next;
-  pthread_mutex_t tlock;
+  weft__lock_t tlock;
   struct weft__wheel wheel;
   /* counters: written by the owning thread, read by anyone */
   _Atomic uint64_t st_timers_fired;

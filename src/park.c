@@ -77,6 +77,20 @@ void weft__futex_wake(_Atomic uint32_t *addr, int n) {
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
 }
 
+/* weft__lock's contended path (the argument is in lock.h). Spins while the
+ * holder is likely running, then sleeps with the word at 2. */
+void weft__lock_slow(weft__lock_t *l) {
+  for (int i = 0; i < 100; i++) {
+    weft__cpu_relax();
+    if (weft__load(&l->word, WA_RLX) == 0 && weft__trylock(l))
+      return;
+  }
+  while (weft__xchg(&l->word, 2, WA_ACQ) != 0)
+    weft__futex_wait(&l->word, 2);
+}
+
+void weft__lock_wake(weft__lock_t *l) { weft__futex_wake(&l->word, 1); }
+
 void weft__idle_init(struct weft__idle *idle, unsigned nthreads) {
   weft__store(&idle->state, (uint64_t)nthreads << 32, WA_RLX);
   idle->nsleepers = 0;

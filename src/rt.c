@@ -59,7 +59,6 @@ static void rt_free(weft_rt *rt) {
   weft__tcp_destroy(rt);
   weft__io_destroy(rt);
   for (unsigned i = 0; i < rt->nshards; i++) {
-    pthread_mutex_destroy(&rt->shards[i].tlock);
     pthread_mutex_destroy(&rt->shards[i].tcp_lock);
   }
   weft__pool_destroy(&rt->sock_pool);
@@ -236,7 +235,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     struct weft__thread *t = &rt->threads[i];
     weft__runq_init(&sh->rq);
     weft__runq_init(&sh->prq);
-    pthread_mutex_init(&sh->tlock, NULL);
+    weft__lock_init(&sh->tlock);
     pthread_mutex_init(&sh->tcp_lock, NULL);
     weft__wheel_init(&sh->wheel, now);
     weft__store(&sh->timer_next, UINT64_MAX, WA_RLX);

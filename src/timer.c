@@ -141,13 +141,26 @@ static bool next_slot(struct weft__wheel *w, uint64_t *tick, unsigned *level,
   return false;
 }
 
+/* timer_next is never later than the wheel's next due slot, but may be
+ * earlier: a cancel leaves it (the owner then wakes at the old deadline,
+ * finds nothing due and publishes the exact value here), so that starting
+ * and cancelling a timer that is not the earliest stores nothing shared.
+ * The stores are seq_cst: see weft__kick. tlock held. */
 static void publish_next(struct weft__shard *sh) {
   uint64_t tick;
   unsigned l, s;
   uint64_t next = UINT64_MAX;
   if (next_slot(&sh->wheel, &tick, &l, &s))
     next = tick << WEFT_TICK_SHIFT;
-  weft__store(&sh->timer_next, next, WA_SC); /* see weft__kick */
+  if (weft__load(&sh->timer_next, WA_RLX) != next)
+    weft__store(&sh->timer_next, next, WA_SC);
+}
+
+/* Moves timer_next earlier if t, just inserted, is due before it. */
+static void lower_next(struct weft__shard *sh, const weft_timer *t) {
+  uint64_t next = tick_ceil(t->deadline) << WEFT_TICK_SHIFT;
+  if (next < weft__load(&sh->timer_next, WA_RLX))
+    weft__store(&sh->timer_next, next, WA_SC);
 }
 
 static void tramp(void *arg);
@@ -233,11 +246,11 @@ static void fire_due_locked(struct weft__shard *home, struct weft__shard *local,
 
 void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
                            uint64_t now_ns) {
-  if (pthread_mutex_trylock(&home->tlock) != 0)
+  if (!weft__trylock(&home->tlock))
     return; /* another thread is serving this wheel */
   fire_due_locked(home, local, now_ns >> WEFT_TICK_SHIFT);
   publish_next(home);
-  pthread_mutex_unlock(&home->tlock);
+  weft__unlock(&home->tlock);
 }
 
 /* Wakes the home shard's thread if its deadline moved earlier. */
@@ -311,8 +324,8 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
   } else {
     t->state = WEFT_T_ARMED;
     wheel_insert(&home->wheel, t);
+    lower_next(home, t);
   }
-  publish_next(home);
   return 0;
 }
 
@@ -331,10 +344,10 @@ static int start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
     if (r)
       return r;
   }
-  pthread_mutex_lock(&home->tlock);
+  weft__lock(&home->tlock);
   uint64_t before = weft__load(&home->timer_next, WA_RLX);
   int r = start_locked(t, home, local, deadline_ns, period_ns, fn, arg, now);
-  pthread_mutex_unlock(&home->tlock);
+  weft__unlock(&home->tlock);
   weft__local_end(local);
   if (!r)
     maybe_kick(home, before);
@@ -361,14 +374,13 @@ int weft_timer_cancel(weft_timer *t) {
     return -EINVAL;
   struct weft__shard *home = home_of(t);
   int r = -EALREADY;
-  pthread_mutex_lock(&home->tlock);
+  weft__lock(&home->tlock);
   if (t->state == WEFT_T_ARMED) {
     wheel_remove(&home->wheel, t);
-    publish_next(home);
     r = 0;
   }
   t->state = WEFT_T_IDLE; /* a FIRED periodic timer will not re-arm */
-  pthread_mutex_unlock(&home->tlock);
+  weft__unlock(&home->tlock);
   return r;
 }
 
@@ -376,15 +388,13 @@ void weft_timer_destroy(weft_timer *t) {
   if (!t)
     return;
   struct weft__shard *home = home_of(t);
-  pthread_mutex_lock(&home->tlock);
-  if (t->state == WEFT_T_ARMED) {
+  weft__lock(&home->tlock);
+  if (t->state == WEFT_T_ARMED)
     wheel_remove(&home->wheel, t);
-    publish_next(home);
-  }
   t->state = WEFT_T_IDLE;
   t->destroyed = 1;
   bool now = t->inflight == 0;
-  pthread_mutex_unlock(&home->tlock);
+  weft__unlock(&home->tlock);
   if (now)
     obj_free(weft__timer_rt(t), t);
 }
@@ -394,7 +404,7 @@ void weft_timer_destroy(weft_timer *t) {
 static bool settle(weft_timer *t, bool ran, bool *free_it) {
   struct weft__shard *home = home_of(t);
   bool cancelled = false;
-  pthread_mutex_lock(&home->tlock);
+  weft__lock(&home->tlock);
   t->inflight--;
   if (t->state == WEFT_T_FIRED && ran && t->period) {
     if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ)) {
@@ -413,8 +423,8 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
       t->state = WEFT_T_ARMED;
       uint64_t before = weft__load(&home->timer_next, WA_RLX);
       wheel_insert(&home->wheel, t);
-      publish_next(home);
-      pthread_mutex_unlock(&home->tlock);
+      lower_next(home, t);
+      weft__unlock(&home->tlock);
       maybe_kick(home, before);
       *free_it = false;
       return false;
@@ -423,7 +433,7 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
     t->state = WEFT_T_IDLE;
   }
   *free_it = t->destroyed && t->inflight == 0;
-  pthread_mutex_unlock(&home->tlock);
+  weft__unlock(&home->tlock);
   return cancelled;
 }
 
@@ -433,9 +443,9 @@ static void run_firing(struct firing *f, bool cancel) {
   weft_timer *t = f->t;
   weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
   struct weft__shard *home = home_of(t);
-  pthread_mutex_lock(&home->tlock);
+  weft__lock(&home->tlock);
   bool skip = t->destroyed;
-  pthread_mutex_unlock(&home->tlock);
+  weft__unlock(&home->tlock);
   if (!skip)
     f->fn(f->arg, cancel ? -ECANCELED : 0, cancel ? 0 : f->missed);
   bool free_it;
@@ -454,7 +464,7 @@ void weft__timers_flush(weft_rt *rt) {
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
     struct weft__wheel *w = &sh->wheel;
-    pthread_mutex_lock(&sh->tlock);
+    weft__lock(&sh->tlock);
     for (unsigned l = 0; l < WEFT_WHEEL_LEVELS; l++) {
       while (w->occupied[l]) {
         unsigned s = (unsigned)__builtin_ctzll(w->occupied[l]);
@@ -469,7 +479,7 @@ void weft__timers_flush(weft_rt *rt) {
       }
     }
     publish_next(sh);
-    pthread_mutex_unlock(&sh->tlock);
+    weft__unlock(&sh->tlock);
   }
   weft__local_end(local);
 }
