@@ -5,10 +5,10 @@
  * idle.state packs (unparked << 32) | searching. A thread that finds no
  * work becomes a searcher only while fewer than half the threads search
  * (no thundering herd); a searcher that finds work stops searching and, if
- * it was the last one, wakes a sleeper to take its place, so a burst of
- * work fans out one thread at a time. Sleepers wait on their own futex
- * word; the sleeper list is under a mutex, taken only when a thread parks
- * or is woken, never per handler.
+ * it was the last one and found more work than it takes, wakes a sleeper
+ * to take its place, so a burst of work fans out one thread at a time.
+ * Sleepers wait on their own futex word; the sleeper list is under a
+ * mutex, taken only when a thread parks or is woken, never per handler.
  *
  * No lost wakeup. A producer publishes work (run-queue tail store, or
  * inject push + len increment), then calls weft__notify_parked, whose first
@@ -169,10 +169,23 @@ bool weft__to_searching(weft_rt *rt, struct weft__thread *t) {
   return true;
 }
 
+/* The last searcher to find work hands the search on only when it holds
+ * more than the item it is about to run, or the inject queue has some.
+ * Otherwise a thread woken by its own timer, finding one firing, would
+ * wake a sleeper that finds nothing, many thousand times a second.
+ * Nothing is lost by not waking: a post from outside that saw us
+ * searching and skipped its wakeup pushed (inject len) before its RMW on
+ * idle.state, which our fetch_sub reads from or follows, so the load of
+ * len below sees it; work in another ring has a running owner, which runs
+ * it or, pushing more, wakes a sleeper itself. */
 void weft__from_searching(weft_rt *rt, struct weft__thread *t) {
   t->searching = false;
   uint64_t prev = weft__fetch_sub(&rt->idle.state, 1, WA_SC);
-  if (searching_of(prev) == 1)
+  if (searching_of(prev) != 1)
+    return;
+  struct weft__shard *sh = t->shard;
+  if ((sh && (weft__runq_len(&sh->rq) || weft__runq_len(&sh->prq))) ||
+      weft__load(&rt->inject.len, WA_SC) > 0)
     weft__notify_parked(rt);
 }
 
