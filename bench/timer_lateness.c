@@ -16,13 +16,17 @@
  *    floor is the variant with the lower p99. No busy or blocked work.
  *  peers: build/bench/peers/asio_timer_lateness and uv_timer_lateness, run
  *    with the same flags when built (--no-peer skips them).
+ *  --no-spin: the runtime with WEFT_CONFIG_NO_TIMER_SPIN, sleeping for
+ *    every deadline however near (weft_config.timer_spin_ns).
+ *  cpu_ms_per_s: the process's CPU time per second of the sampling window,
+ *    for weft and each floor variant (each runs alone in the process).
  *
  * Samples: after a 0.2 s warm-up, deadlines in a window of --seconds;
  * nearest-rank percentiles; "missed" counts periods skipped by a timer more
  * than a period late. weft's counters go to stderr. The last line is one JSON
  * object; ratios are weft's p99 over the other's (below 1: weft is better).
  *   build/bench/timer_lateness [--timers T] [--period-us P] [--seconds S]
- *     [--threads N] [--busy K] [--blocked K] [--no-peer]
+ *     [--threads N] [--busy K] [--blocked K] [--no-peer] [--no-spin]
  */
 #include <weft.h>
 
@@ -47,13 +51,16 @@
 struct opts {
   unsigned timers, period_us, threads, busy, blocked;
   double seconds;
-  bool peers;
+  bool peers, spin;
 };
 
+/* cpu: CPU time of the whole process per second of the run, in ms (1000:
+ * one CPU busy); 0 where not measured (peers). */
 struct result {
   double p50, p99, max;
   unsigned long long n, missed;
   bool ok;
+  double cpu;
 };
 
 /* Lateness samples: timer i owns v[i * cap ...], n[i] of them; only
@@ -66,10 +73,20 @@ struct samples {
   uint64_t from, to;
 };
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t c) {
   struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
+  clock_gettime(c, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
+
+/* Process CPU ms per wall second since (*cpu0, *wall0). */
+static double cpu_rate(uint64_t cpu0, uint64_t wall0) {
+  uint64_t wall = now_ns() - wall0;
+  return wall ? (double)(clock_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0) * 1e3 /
+                    (double)wall
+              : 0;
 }
 
 static void sleep_until(uint64_t t) {
@@ -178,6 +195,8 @@ static struct result run_weft(const struct opts *o) {
   weft_config cfg;
   weft_config_init(&cfg);
   cfg.workers = o->threads;
+  if (!o->spin)
+    cfg.flags |= WEFT_CONFIG_NO_TIMER_SPIN;
   weft_rt *rt;
   weft_strand *s;
   int r = weft_rt_create(&rt, &cfg);
@@ -203,14 +222,22 @@ static struct result run_weft(const struct opts *o) {
     if ((r = weft_timer_start_at(w[i].t, w[i].first, wperiod, on_timer, &w[i])))
       die("weft_timer_start_at", r);
   }
+  sleep_until(wsamples.from);
+  uint64_t cpu0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), wall0 = now_ns();
+  sleep_until(wsamples.to);
+  double cpu = cpu_rate(cpu0, wall0);
   sleep_until(wsamples.to + LEAD_NS);
   atomic_store(&stop, true);
   weft_stats st;
   weft_rt_stats(rt, &st);
-  fprintf(stderr, "weft: timers_fired %llu parks %llu steals %llu\n",
+  fprintf(stderr,
+          "weft: timers_fired %llu parks %llu steals %llu stalls %llu "
+          "handoffs %llu threads %u\n",
           (unsigned long long)st.total.timers_fired,
           (unsigned long long)st.total.parks,
-          (unsigned long long)st.total.steals);
+          (unsigned long long)st.total.steals,
+          (unsigned long long)st.total.stalls,
+          (unsigned long long)st.total.handoffs, st.threads);
   /* The strands are left to weft_rt_destroy, which frees them. */
   for (unsigned i = 0; i < o->timers; i++)
     weft_timer_destroy(w[i].t);
@@ -221,7 +248,9 @@ static struct result run_weft(const struct opts *o) {
   for (unsigned i = 0; i < o->timers; i++)
     missed += w[i].missed;
   free(w);
-  return summarize(&wsamples, o->timers, missed);
+  struct result res = summarize(&wsamples, o->timers, missed);
+  res.cpu = cpu;
+  return res;
 }
 
 /* ---- kernel floor ---- */
@@ -287,9 +316,15 @@ static struct result run_floor(const struct opts *o, bool tfd) {
     if (pthread_create(&th[j], NULL, floor_thread, &a[j]))
       die("pthread_create", -EAGAIN);
   }
+  sleep_until(s.from);
+  uint64_t cpu0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), wall0 = now_ns();
+  sleep_until(s.to);
+  double cpu = cpu_rate(cpu0, wall0);
   for (unsigned j = 0; j < nt; j++)
     pthread_join(th[j], NULL);
-  return summarize(&s, o->timers, 0);
+  struct result res = summarize(&s, o->timers, 0);
+  res.cpu = cpu;
+  return res;
 }
 
 /* ---- peers ---- */
@@ -318,7 +353,7 @@ static struct result run_peer(const struct opts *o, const char *name) {
   if (strstr(line, "\"p99_us\":"))
     r = (struct result){
         x[0], x[1], x[2], (unsigned long long)x[3], (unsigned long long)x[4],
-        true};
+        true, 0};
   free(out);
   return r;
 }
@@ -328,7 +363,7 @@ static struct result run_peer(const struct opts *o, const char *name) {
 static void usage(void) {
   fprintf(stderr, "usage: timer_lateness [--timers T] [--period-us P] "
                   "[--seconds S] [--threads N] [--busy K] [--blocked K] "
-                  "[--no-peer]\n");
+                  "[--no-peer] [--no-spin]\n");
   exit(2);
 }
 
@@ -344,9 +379,12 @@ static void parse(int argc, char **argv, struct opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     char *end;
-    i += strcmp(a, "--no-peer") != 0; /* the others take a value */
+    bool flag = !strcmp(a, "--no-peer") || !strcmp(a, "--no-spin");
+    i += !flag; /* the others take a value */
     if (!strcmp(a, "--no-peer"))
       o->peers = false;
+    else if (!strcmp(a, "--no-spin"))
+      o->spin = false;
     else if (!strcmp(a, "--timers"))
       o->timers = num(v, 1, 1000000);
     else if (!strcmp(a, "--period-us"))
@@ -370,19 +408,25 @@ static void parse(int argc, char **argv, struct opts *o) {
 /* Prints r as a table row and appends it to the JSON line in js. */
 static char js[4096];
 static void emit(const char *name, const char *prefix, const struct result *r) {
-  printf("%-16s %10.2f %10.2f %10.2f %10llu %8llu\n", name, r->p50, r->p99,
-         r->max, r->n, r->missed);
+  printf("%-16s %10.2f %10.2f %10.2f %10llu %8llu %8.0f\n", name, r->p50,
+         r->p99, r->max, r->n, r->missed, r->cpu);
   size_t l = strlen(js);
   snprintf(js + l, sizeof(js) - l,
            ",\"%sp50_us\":%.2f,\"%sp99_us\":%.2f,\"%smax_us\":%.2f,"
            "\"%ssamples\":%llu,\"%smissed\":%llu",
            prefix, r->p50, prefix, r->p99, prefix, r->max, prefix, r->n, prefix,
            r->missed);
+  if (r->cpu > 0) {
+    l = strlen(js);
+    snprintf(js + l, sizeof(js) - l, ",\"%scpu_ms_per_s\":%.0f", prefix,
+             r->cpu);
+  }
 }
 
 int main(int argc, char **argv) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 3, true};
+  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 3,
+                   true, true};
   parse(argc, argv, &o);
   struct result w = run_weft(&o), pa = {0}, pu = {0};
   struct result fa = run_floor(&o, false), fb = run_floor(&o, true);
@@ -392,9 +436,11 @@ int main(int argc, char **argv) {
     pu = run_peer(&o, "uv_timer_lateness");
   }
   printf("timer_lateness: %u timers, period %u us, %g s, %u threads, busy "
-         "%u, blocked %u; lateness in us\n%-16s %10s %10s %10s %10s %8s\n",
-         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked, "",
-         "p50", "p99", "max", "samples", "missed");
+         "%u, blocked %u%s; lateness in us, process CPU in ms per s\n"
+         "%-16s %10s %10s %10s %10s %8s %8s\n",
+         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked,
+         o.spin ? "" : ", no spin", "", "p50", "p99", "max", "samples",
+         "missed", "cpu");
   emit("weft", "", &w);
   size_t l = strlen(js);
   snprintf(js + l, sizeof(js) - l,
@@ -419,7 +465,9 @@ int main(int argc, char **argv) {
              p[i]->p99 > 0 ? w.p99 / p[i]->p99 : 0);
   }
   printf("{\"bench\":\"timer_lateness\",\"timers\":%u,\"period_us\":%u,"
-         "\"seconds\":%g,\"threads\":%u,\"busy\":%u,\"blocked\":%u%s}\n",
-         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked, js);
+         "\"seconds\":%g,\"threads\":%u,\"busy\":%u,\"blocked\":%u,"
+         "\"spin\":%s%s}\n",
+         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked,
+         o.spin ? "true" : "false", js);
   return 0;
 }

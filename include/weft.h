@@ -74,7 +74,8 @@ typedef struct weft_stall {
 typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
 
 /* weft_config.flags */
-#define WEFT_CONFIG_NO_MONITOR 1u /* no monitor: no handoff, no reports */
+#define WEFT_CONFIG_NO_MONITOR 1u    /* no monitor: no handoff, no reports */
+#define WEFT_CONFIG_NO_TIMER_SPIN 2u /* always sleep: see timer_spin_ns */
 
 /* weft_config.backend: how the shards wait for sockets. AUTO takes
  * io_uring and falls back to epoll by itself when io_uring is refused
@@ -100,6 +101,13 @@ typedef struct weft_config {
    * 50 us would make every timer up to 50 us late). Larger values save
    * wakeups at the cost of lateness. */
   unsigned timer_slack_ns;
+  /* A thread with nothing to run whose shard's next timer is due within
+   * this many nanoseconds waits for it by polling the clock instead of
+   * sleeping: the kernel takes longer than that to wake a thread (10-50 us
+   * on a VM), so the sleep would end late. It costs CPU only in the last
+   * timer_spin_ns before a deadline, and stops as soon as work is posted.
+   * 0: 20000 (20 us); WEFT_CONFIG_NO_TIMER_SPIN turns it off. */
+  unsigned timer_spin_ns;
   /* WEFT_CONFIG_* bits; others must be zero. */
   unsigned flags;
   /* A handler running longer than this is a stall: its shard (run queue,

@@ -78,6 +78,7 @@ static void rt_free(weft_rt *rt) {
   free(rt);
 }
 
+#define DEFAULT_TIMER_SPIN_NS 20000u
 #define DEFAULT_STALL_NS 1000000u
 #define MIN_STALL_NS 50000u
 
@@ -86,7 +87,7 @@ static int resolve(const weft_config *in, weft_config *out) {
   weft_config_init(out);
   if (in)
     *out = *in;
-  if ((out->flags & ~WEFT_CONFIG_NO_MONITOR) ||
+  if ((out->flags & ~(WEFT_CONFIG_NO_MONITOR | WEFT_CONFIG_NO_TIMER_SPIN)) ||
       out->workers > WEFT_MAX_WORKERS || out->batch > WEFT_MAX_BATCH ||
       (out->stall_threshold_ns && out->stall_threshold_ns < MIN_STALL_NS) ||
       (out->max_threads && out->max_threads < out->workers) ||
@@ -101,6 +102,8 @@ static int resolve(const weft_config *in, weft_config *out) {
     out->batch = DEFAULT_BATCH;
   if (!out->timer_slack_ns)
     out->timer_slack_ns = 1;
+  if (!out->timer_spin_ns)
+    out->timer_spin_ns = DEFAULT_TIMER_SPIN_NS;
   if (!out->stall_threshold_ns)
     out->stall_threshold_ns = DEFAULT_STALL_NS;
   if (!out->max_threads)
@@ -181,6 +184,8 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   rt->nshards = c->workers;
   rt->batch = c->batch;
   rt->timer_slack_ns = c->timer_slack_ns;
+  rt->timer_spin_ns =
+      (c->flags & WEFT_CONFIG_NO_TIMER_SPIN) ? 0 : c->timer_spin_ns;
   rt->stall_ns = c->stall_threshold_ns;
   rt->max_threads = c->max_threads;
   rt->nthreads = c->workers;
