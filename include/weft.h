@@ -105,7 +105,8 @@ typedef struct weft_config {
    * this many nanoseconds waits for it by polling the clock instead of
    * sleeping: the kernel takes longer than that to wake a thread (10-50 us
    * on a VM), so the sleep would end late. It costs CPU only in the last
-   * timer_spin_ns before a deadline, and stops as soon as work is posted.
+   * timer_spin_ns before a deadline, and stops as soon as work is posted;
+   * socket events that arrive meanwhile wait for the end of the spin.
    * 0: 20000 (20 us); WEFT_CONFIG_NO_TIMER_SPIN turns it off. */
   unsigned timer_spin_ns;
   /* WEFT_CONFIG_* bits; others must be zero. */
