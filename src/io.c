@@ -4,11 +4,20 @@
  * rt->ios (one struct weft__io per shard). The two backends live in
  * io_uring.c and io_epoll.c.
  *
- * Choice: WEFT_BACKEND_AUTO tries io_uring on every shard and falls back to
- * epoll for the whole runtime if any setup fails (io_uring_disabled,
- * seccomp's EPERM, ENOSYS, a kernel without the opcodes we use), so one
- * runtime never mixes backends. WEFT_BACKEND=uring|epoll|none in the
- * environment overrides AUTO only.
+ * Choice: weft_rt_create decides the kind. WEFT_BACKEND_AUTO takes io_uring
+ * if a probe ring can be set up with the features and opcodes we use, and
+ * epoll for the whole runtime otherwise (io_uring_disabled, seccomp's
+ * EPERM, ENOSYS, an older kernel), so one runtime never mixes backends.
+ * WEFT_BACKEND=uring|epoll|none in the environment overrides AUTO only.
+ * A probe that succeeds is remembered for the process: a ring costs about
+ * 1.3 ms to set up and tear down, and a program that creates runtimes
+ * often (tests, tools) should pay it once.
+ *
+ * Setup: every shard's backend is set up by the first socket
+ * (weft__io_ensure), not by weft_rt_create: a runtime that never opens a
+ * socket holds no ring and no epoll set, and its threads sleep on their
+ * futexes. If io_uring is refused after a probe succeeded (a seccomp filter
+ * installed later), that first socket fails with the error.
  *
  * Sleeping (no lost wakeup): the sleeper stores t->io_sleep = io, then
  * loads t->wake, and sleeps in the backend only if it is 0; a waker stores
@@ -89,6 +98,23 @@ static void publish(weft_rt *rt, unsigned i) {
   weft__store(&rt->shards[i].io, &rt->ios[i], WA_SC);
 }
 
+/* Set once a probe ring worked in this process; never cleared. */
+static _Atomic int uring_works;
+
+/* Whether io_uring can serve sockets here: a ring with our setup flags,
+ * the opcodes probed, then torn down. 0 or the setup's error. */
+static int probe_uring(struct weft__shard *sh) {
+  if (weft__load(&uring_works, WA_ACQ))
+    return 0;
+  struct weft__io io;
+  int r = io_setup(&io, sh, WEFT_BACKEND_URING, true);
+  if (r)
+    return r;
+  io_teardown(&io);
+  weft__store(&uring_works, 1, WA_REL);
+  return 0;
+}
+
 int weft__io_init(weft_rt *rt, int backend) {
   rt->backend = WEFT_BACKEND_NONE;
   if (backend == WEFT_BACKEND_AUTO)
@@ -97,30 +123,23 @@ int weft__io_init(weft_rt *rt, int backend) {
     return backend;
   if (backend == WEFT_BACKEND_NONE)
     return 0;
+  int r = 0;
+  if (backend == WEFT_BACKEND_AUTO) {
+    backend = WEFT_BACKEND_URING;
+    r = probe_uring(&rt->shards[0]);
+    if (r && r != -ENOMEM && r != -EMFILE && r != -ENFILE) {
+      backend = WEFT_BACKEND_EPOLL;
+      r = 0;
+    }
+  } else if (backend == WEFT_BACKEND_URING) {
+    r = probe_uring(&rt->shards[0]);
+  }
+  if (r)
+    return r;
   rt->ios = calloc(rt->nshards, sizeof(*rt->ios));
   if (!rt->ios)
     return -ENOMEM;
-  /* Shard 0 decides the backend now; the others are set up by the first
-   * socket (weft__io_ensure). */
-  int r;
-  if (backend == WEFT_BACKEND_AUTO) {
-    backend = WEFT_BACKEND_URING;
-    r = io_setup(&rt->ios[0], &rt->shards[0], backend, true);
-    if (r && r != -ENOMEM && r != -EMFILE && r != -ENFILE) {
-      backend = WEFT_BACKEND_EPOLL;
-      r = io_setup(&rt->ios[0], &rt->shards[0], backend, true);
-    }
-  } else {
-    r = io_setup(&rt->ios[0], &rt->shards[0], backend, true);
-  }
-  if (r) {
-    free(rt->ios);
-    rt->ios = NULL;
-    return r;
-  }
   rt->backend = backend;
-  publish(rt, 0);
-  weft__store(&rt->io_all, rt->nshards == 1, WA_REL);
   return 0;
 }
 
@@ -132,14 +151,14 @@ int weft__io_ensure(weft_rt *rt) {
   int r = 0;
   pthread_mutex_lock(&rt->io_lock);
   if (!weft__load(&rt->io_all, WA_RLX)) {
-    unsigned i = 1;
+    unsigned i = 0;
     for (; i < rt->nshards && !r; i++)
       r = io_setup(&rt->ios[i], &rt->shards[i], rt->backend, false);
     if (r) {
-      while (--i > 1)
+      while (--i > 0)
         io_teardown(&rt->ios[i - 1]);
     } else {
-      for (i = 1; i < rt->nshards; i++)
+      for (i = 0; i < rt->nshards; i++)
         publish(rt, i);
       weft__store(&rt->io_all, 1, WA_REL);
     }
@@ -149,7 +168,7 @@ int weft__io_ensure(weft_rt *rt) {
     return r;
   /* Threads asleep on their futex move to their backend: a kick makes
    * each leave its sleep and sleep again, now there. */
-  for (unsigned i = 1; i < rt->nshards; i++)
+  for (unsigned i = 0; i < rt->nshards; i++)
     weft__kick(&rt->shards[i], 0);
   return 0;
 }
