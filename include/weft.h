@@ -82,6 +82,9 @@ typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
  * (kernel.io_uring_disabled, a seccomp filter, ENOSYS, a missing opcode);
  * the environment variable WEFT_BACKEND=uring|epoll|none overrides AUTO.
  * URING or EPOLL forces one: weft_rt_create fails if it cannot be set up.
+ * A successful io_uring probe is remembered for the process: if io_uring
+ * is refused later (a seccomp filter installed after it), the first
+ * weft_tcp_listen or weft_tcp_connect of a runtime fails with the error.
  * NONE: no sockets (the weft_tcp_* functions return -ENOTSUP); shards
  * sleep on futexes. */
 #define WEFT_BACKEND_AUTO 0
@@ -127,6 +130,14 @@ typedef struct weft_config {
   void *on_stall_ctx;
   /* WEFT_BACKEND_*; 0: AUTO. */
   int backend;
+  /* Stack size of the runtime's threads (shards, spares, monitor) in
+   * bytes, rounded up to a page. 0: 512 KiB, as macOS gives its secondary
+   * threads (glibc's default is 8 MiB): 66 threads then fit glibc's cache
+   * of freed stacks, so creating a runtime again maps no new stack. A
+   * handler that needs more (large arrays on the stack, deep recursion)
+   * sets it; overflowing hits a guard page. At least 16384. Threads of
+   * weft_blocking keep glibc's default. */
+  size_t stack_size;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
@@ -136,8 +147,9 @@ WEFT_API void weft_config_init(weft_config *cfg);
  * for defaults.
  * Every one-time cost (threads, queues, pools, timers) is paid here: the
  * first post costs what the millionth does. Sockets are the exception: the
- * I/O backends of shards other than the first are set up by the first
- * weft_tcp_listen or weft_tcp_connect (about 40 us per shard).
+ * kind of backend is decided here (a probe ring, once per process), but
+ * the shards' backends are set up by the first weft_tcp_listen or
+ * weft_tcp_connect (about 40 us per shard).
  * Errors: -EINVAL (rt NULL, a field out of range, unknown flags, a bad
  * WEFT_BACKEND), -ENOMEM, -EAGAIN (a thread could not be started), or the
  * error setting up a forced backend (e.g. -EPERM, -ENOSYS for io_uring).

@@ -116,7 +116,8 @@ static bool spawn_spare(weft_rt *rt) {
    * under spare_lock, so that join_all, which reads tid under it, never
    * sees a LIVE slot whose tid is not written yet (it would skip the join
    * and free the runtime under the new thread). */
-  bool ok = pthread_create(&slot->tid, NULL, weft__thread_entry, slot) == 0;
+  bool ok = pthread_create(&slot->tid, &rt->thread_attr, weft__thread_entry,
+                           slot) == 0;
   if (!ok)
     slot->slot_state = WEFT_TH_FREE;
   pthread_mutex_unlock(&rt->spare_lock);
@@ -411,7 +412,7 @@ int weft__monitor_start(weft_rt *rt) {
   m->handoff_ok = mb;
   m->tick_ns = rt->stall_ns / 2;
   rt->monitor = m;
-  int err = pthread_create(&m->tid, NULL, monitor_main, rt);
+  int err = pthread_create(&m->tid, &rt->thread_attr, monitor_main, rt);
   if (err) {
     rt->monitor = NULL;
     monitor_free(m);

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define DEFAULT_BATCH 64
 
@@ -72,6 +73,7 @@ static void rt_free(weft_rt *rt) {
   pthread_cond_destroy(&rt->life_cond);
   pthread_mutex_destroy(&rt->spare_lock);
   pthread_mutex_destroy(&rt->io_lock);
+  pthread_attr_destroy(&rt->thread_attr);
   free(rt->spares);
   free(rt->threads);
   free(rt->shards);
@@ -79,6 +81,8 @@ static void rt_free(weft_rt *rt) {
 }
 
 #define DEFAULT_TIMER_SPIN_NS 20000u
+#define DEFAULT_STACK_SIZE ((size_t)512 * 1024)
+#define MIN_STACK_SIZE ((size_t)16384)
 #define DEFAULT_STALL_NS 1000000u
 #define MIN_STALL_NS 50000u
 
@@ -92,7 +96,8 @@ static int resolve(const weft_config *in, weft_config *out) {
       (out->stall_threshold_ns && out->stall_threshold_ns < MIN_STALL_NS) ||
       (out->max_threads && out->max_threads < out->workers) ||
       out->max_threads > 4 * WEFT_MAX_WORKERS || out->backend < 0 ||
-      out->backend > WEFT_BACKEND_NONE)
+      (out->stack_size && out->stack_size < MIN_STACK_SIZE) ||
+      out->stack_size > ((size_t)1 << 40) || out->backend > WEFT_BACKEND_NONE)
     return -EINVAL;
   if (!out->workers)
     out->workers = cpus_allowed();
@@ -104,6 +109,10 @@ static int resolve(const weft_config *in, weft_config *out) {
     out->timer_slack_ns = 1;
   if (!out->timer_spin_ns)
     out->timer_spin_ns = DEFAULT_TIMER_SPIN_NS;
+  if (!out->stack_size)
+    out->stack_size = DEFAULT_STACK_SIZE;
+  size_t page = (size_t)sysconf(_SC_PAGESIZE);
+  out->stack_size = (out->stack_size + page - 1) / page * page;
   if (!out->stall_threshold_ns)
     out->stall_threshold_ns = DEFAULT_STALL_NS;
   if (!out->max_threads)
@@ -146,8 +155,8 @@ static int start_threads(weft_rt *rt, bool monitor) {
   unsigned i;
   for (i = 0; i < rt->nshards; i++) {
     rt->threads[i].slot_state = WEFT_TH_LIVE;
-    err = pthread_create(&rt->threads[i].tid, NULL, weft__thread_entry,
-                         &rt->threads[i]);
+    err = pthread_create(&rt->threads[i].tid, &rt->thread_attr,
+                         weft__thread_entry, &rt->threads[i]);
     if (err) {
       rt->threads[i].slot_state = WEFT_TH_FREE;
       break;
@@ -191,6 +200,10 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   rt->nthreads = c->workers;
   rt->on_stall = c->on_stall;
   rt->on_stall_ctx = c->on_stall_ctx;
+  /* EINVAL: below this platform's PTHREAD_STACK_MIN */
+  int r = pthread_attr_setstacksize(&rt->thread_attr, c->stack_size);
+  if (r)
+    return -r;
   rt->shards = zalloc_aligned(c->workers * sizeof(*rt->shards));
   rt->threads = zalloc_aligned(c->max_threads * sizeof(*rt->threads));
   rt->spares = calloc(c->max_threads, sizeof(*rt->spares));
@@ -225,8 +238,10 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
   weft_rt *rt = zalloc_aligned(sizeof(*rt));
   if (!rt)
     return -ENOMEM;
+  pthread_attr_init(&rt->thread_attr);
   r = rt_init(rt, &c);
   if (r) {
+    pthread_attr_destroy(&rt->thread_attr);
     free(rt->shards);
     free(rt->threads);
     free(rt->spares);
