@@ -406,7 +406,11 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
   bool cancelled = false;
   weft__lock(&home->tlock);
   t->inflight--;
-  if (t->state == WEFT_T_FIRED && ran && t->period) {
+  /* Only the last firing under way re-arms: one that settles while a
+   * newer firing (of a restart) is still queued would re-arm the newer
+   * arming before its handler ran, and the next period could then queue
+   * behind it instead of counting as missed. */
+  if (t->state == WEFT_T_FIRED && ran && t->period && t->inflight == 0) {
     if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ)) {
       t->state = WEFT_T_IDLE;
       cancelled = true;

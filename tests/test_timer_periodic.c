@@ -27,6 +27,9 @@
  *    does not re-arm.
  *  - weft_timer_cancel on an idle periodic timer (never started; cancelled
  *    before) returns -EALREADY; a cancelled periodic timer never fires.
+ *  - Restarted from its own handler, a periodic timer is re-armed by the
+ *    restart's firing when it returns, not by the firing that restarted it
+ *    (the firing after a stalled handler reports the stall as missed).
  *
  * The only times compared are weft_now_ns() readings against deadlines
  * (never early) and against each other (the grid); nothing bounds lateness.
@@ -367,6 +370,73 @@ static void test_cancel_queued_firing(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* A periodic timer restarted from its own handler: the restart's first
+ * firing (F2) is queued behind this handler on the strand. F1 must not
+ * re-arm the restarted timer when it returns (weft.h: a firing under way
+ * "will not re-arm a periodic timer that was started again"); F2 re-arms
+ * it when it returns. F2 sleeps STALL_PERIODS periods, so the firing after
+ * it (F3) must count them as missed, not come on time right behind F2. */
+typedef struct restart_ctx {
+  weft_timer *t;
+  unsigned n;      /* firings so far: only ever on the strand */
+  uint64_t f2_end; /* when F2's handler returned */
+  uint64_t f3_at, f3_missed;
+  tu_count done;
+} restart_ctx;
+
+static void restart_handler(void *arg, int status, uint64_t missed) {
+  uint64_t now = weft_now_ns();
+  restart_ctx *r = arg;
+  TU_CHECKF(status == 0, "status %d", status);
+  unsigned k = ++r->n;
+  if (k == 1) {
+    /* 2 us in the past: due now whatever the wheel's 1.024 us ticks, so
+     * F2 is queued inside this call, and the period counts from now. */
+    int rc =
+        weft_timer_start_at(r->t, now - 2048, PERIOD_NS, restart_handler, r);
+    TU_CHECKF(rc == 0, "restart: %d", rc);
+  } else if (k == 2) {
+    tu_sleep_ms((unsigned)(STALL_PERIODS * PERIOD_NS / 1000000));
+    r->f2_end = weft_now_ns();
+  } else if (k == 3) {
+    r->f3_at = now;
+    r->f3_missed = missed;
+    int rc = weft_timer_cancel(r->t);
+    TU_CHECKF(rc == -EALREADY, "cancel from the last firing: %d", rc);
+    atomic_fetch_add(&r->done, 1);
+  } else {
+    TU_CHECKF(false, "firing %u after the cancel", k);
+  }
+}
+
+static void test_restart_from_handler(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("a periodic timer restarted from its own handler");
+  weft_rt *rt;
+  tu_rt_create(&rt, 2, 0);
+  weft_strand *s;
+  tu_strand_create(rt, &s);
+  restart_ctx r;
+  memset(&r, 0, sizeof r);
+  tu_assert_rc(weft_timer_create(rt, s, &r.t), 0);
+  tu_assert_rc(weft_timer_start(r.t, PERIOD_NS, PERIOD_NS, restart_handler, &r),
+               0);
+  tu_wait_count(&r.done, 1, "three firings");
+  tu_sleep_ms((unsigned)(3 * PERIOD_NS / 1000000)); /* a chance to misfire */
+  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  weft_timer_destroy(r.t);
+  weft_strand_release(s);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+  assert_int_equal(r.n, 3);
+  assert_true(r.f3_at >= r.f2_end);
+  if (r.f3_missed < STALL_PERIODS - 2)
+    fail_msg("the firing after a %d-period stall reported missed %" PRIu64
+             ": it was armed before the stalled handler returned",
+             STALL_PERIODS, r.f3_missed);
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
@@ -375,6 +445,7 @@ int main(void) {
       cmocka_unit_test(test_cancel_while_running),
       cmocka_unit_test(test_cancel_idle),
       cmocka_unit_test(test_cancel_queued_firing),
+      cmocka_unit_test(test_restart_from_handler),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
