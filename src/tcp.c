@@ -1,9 +1,10 @@
 /*
  * tcp.c - TCP connections: creation, the per-socket event word and its
  * strand handler, read, write (queue, partial sends, backpressure),
- * connect with timeout, half-close, close, options, and the registry that
- * the shutdown sweep walks. Owns struct weft__sock (tcp.h has the event
- * protocol) except what is specific to listeners (listen.c).
+ * connect with timeout, half-close, close, and the registry that the
+ * shutdown sweep walks (options and addresses: tcp_opt.c). Owns struct
+ * weft__sock (tcp.h has the event protocol) except what is specific to
+ * listeners (listen.c).
  *
  * Everything but `ev` is touched only on the socket's strand, so a
  * connection needs no lock: operations started on the strand, completions
@@ -969,62 +970,6 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
   return 0;
 }
 
-static int sockopt(weft_tcp *c, int level, int name, int val) {
-  struct weft__sock *s = conn_of(c);
-  if (!s || s->kind != SK_CONN)
-    return -EINVAL;
-  if (!weft__on_strand(s))
-    return -EPERM;
-  if (s->fd < 0)
-    return -EBADF;
-  if (setsockopt(s->fd, level, name, &val, sizeof(val)) < 0)
-    return -errno;
-  return 0;
-}
-
-int weft_tcp_nodelay(weft_tcp *c, int on) {
-  return sockopt(c, IPPROTO_TCP, TCP_NODELAY, on != 0);
-}
-
-int weft_tcp_keepalive(weft_tcp *c, int on, unsigned idle_s) {
-  if (on && (idle_s < 1 || idle_s > 32767))
-    return -EINVAL;
-  int r = sockopt(c, SOL_SOCKET, SO_KEEPALIVE, on != 0);
-  if (!r && on)
-    r = sockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, (int)idle_s);
-  return r;
-}
-
-weft_strand *weft_tcp_strand(const weft_tcp *c) {
-  return c ? conn_of(c)->strand : NULL;
-}
-
-static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
-                   bool peer) {
-  struct weft__sock *s = conn_of(c);
-  if (!s || !addr || !addrlen || s->kind != SK_CONN)
-    return -EINVAL;
-  if (!weft__on_strand(s))
-    return -EPERM;
-  if (s->fd < 0)
-    return -EBADF;
-  socklen_t len = *addrlen;
-  int r =
-      peer ? getpeername(s->fd, addr, &len) : getsockname(s->fd, addr, &len);
-  if (r < 0)
-    return -errno;
-  *addrlen = len;
-  return 0;
-}
-
-int weft_tcp_local_addr(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen) {
-  return addr_of(c, addr, addrlen, false);
-}
-
-int weft_tcp_peer_addr(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen) {
-  return addr_of(c, addr, addrlen, true);
-}
-
 /* ---- the runtime's side ----------------------------------------------------
  */
 
@@ -1043,9 +988,3 @@ void weft__tcp_shutdown(weft_rt *rt) {
 }
 
 size_t weft__sock_size(void) { return sizeof(struct weft__sock); }
-
-int weft_rt_backend(const weft_rt *rt) { return rt ? rt->backend : -EINVAL; }
-
-const char *weft_rt_backend_name(const weft_rt *rt) {
-  return rt ? weft__backend_name(rt->backend) : "none";
-}

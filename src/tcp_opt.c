@@ -1,0 +1,75 @@
+/*
+ * tcp_opt.c - what a connection tells and what can be set on it: socket
+ * options (nodelay, keepalive), its strand, its local and peer addresses,
+ * and which backend the runtime's sockets use. Owns nothing: every call
+ * reads or sets the descriptor of a struct weft__sock (tcp.c), on its
+ * strand like every other operation on a connection.
+ */
+#include "tcp.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+static int sockopt(weft_tcp *c, int level, int name, int val) {
+  struct weft__sock *s = (struct weft__sock *)c;
+  if (!s || s->kind != SK_CONN)
+    return -EINVAL;
+  if (!weft__on_strand(s))
+    return -EPERM;
+  if (s->fd < 0)
+    return -EBADF;
+  if (setsockopt(s->fd, level, name, &val, sizeof(val)) < 0)
+    return -errno;
+  return 0;
+}
+
+int weft_tcp_nodelay(weft_tcp *c, int on) {
+  return sockopt(c, IPPROTO_TCP, TCP_NODELAY, on != 0);
+}
+
+int weft_tcp_keepalive(weft_tcp *c, int on, unsigned idle_s) {
+  if (on && (idle_s < 1 || idle_s > 32767))
+    return -EINVAL;
+  int r = sockopt(c, SOL_SOCKET, SO_KEEPALIVE, on != 0);
+  if (!r && on)
+    r = sockopt(c, IPPROTO_TCP, TCP_KEEPIDLE, (int)idle_s);
+  return r;
+}
+
+weft_strand *weft_tcp_strand(const weft_tcp *c) {
+  return c ? ((const struct weft__sock *)c)->strand : NULL;
+}
+
+static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
+                   bool peer) {
+  struct weft__sock *s = (struct weft__sock *)c;
+  if (!s || !addr || !addrlen || s->kind != SK_CONN)
+    return -EINVAL;
+  if (!weft__on_strand(s))
+    return -EPERM;
+  if (s->fd < 0)
+    return -EBADF;
+  socklen_t len = *addrlen;
+  int r =
+      peer ? getpeername(s->fd, addr, &len) : getsockname(s->fd, addr, &len);
+  if (r < 0)
+    return -errno;
+  *addrlen = len;
+  return 0;
+}
+
+int weft_tcp_local_addr(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen) {
+  return addr_of(c, addr, addrlen, false);
+}
+
+int weft_tcp_peer_addr(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen) {
+  return addr_of(c, addr, addrlen, true);
+}
+
+int weft_rt_backend(const weft_rt *rt) { return rt ? rt->backend : -EINVAL; }
+
+const char *weft_rt_backend_name(const weft_rt *rt) {
+  return rt ? weft__backend_name(rt->backend) : "none";
+}
