@@ -279,7 +279,7 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
 }
 
 /* Whether a timer of sh's wheel is due; a clock read only if sh has an
- * armed timer. Checked every 8 handlers of a turn, so a busy strand delays
+ * armed timer. Checked every 4 handlers of a turn, so a busy strand delays
  * a timer by a few handlers rather than by its whole batch. */
 static bool timer_due(struct weft__shard *sh) {
   uint64_t next = weft__load(&sh->timer_next, WA_RLX);
@@ -355,7 +355,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     }
     node_free(rt, nc, n);
     n = next;
-    if (sh && (budget & 7) == 1 && timer_due(sh))
+    if (sh && (budget & 3) == 1 && timer_due(sh))
       budget = 1; /* a timer is due here: end the turn, let it fire */
     if (!sh || --budget == 0) {
       /* Budget spent (requeue at the back), or shard lost (the strand
