@@ -15,11 +15,20 @@
  *                    threads share one CPU: whoever waits by spinning
  *                    shows up here as time, not just CPU.
  *
- * CPU above wall time on one CPU is impossible; CPU well above the wall
- * time with several CPUs means threads burn CPU while they wait.
+ * CPU above wall time on one CPU is impossible; with several CPUs, threads
+ * created and exiting in parallel put CPU above wall time by themselves
+ * (the floor below shows how much), so only the pinned figures tell
+ * whether anybody spins.
  *
  * The same cycles run on Asio (build/bench/peers/asio_startup, normal and
  * --pin) when it was built; ratios are weft / asio (below 1: weft cheaper).
+ *
+ *  floor_*:          no runtime at all: --threads bare pthreads that each
+ *                    wait on a futex word, woken together and joined. With
+ *                    512 KiB stacks (weft's default, weft_config.stack_size)
+ *                    and with glibc's default stack (8 MiB; what Asio's
+ *                    threads get): what the kernel and glibc charge for the
+ *                    threads alone, measured in the same rounds.
  *
  * The four set-ups (weft, weft pinned, asio, asio pinned) take turns for
  * --rounds rounds of --repeat cycles each; every figure is the median over
@@ -30,7 +39,9 @@
  */
 #include <weft.h>
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sched.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -38,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -97,15 +109,49 @@ static void cycle(unsigned threads) {
   pthread_cond_destroy(&f.cond);
 }
 
-/* Wall and CPU ms per cycle. */
-static void measure(unsigned threads, int repeat, double *ms, double *cpu_ms) {
-  cycle(threads); /* untimed: first-use costs of the process */
+/* The floor: bare threads waiting on a futex word, woken and joined. */
+static _Atomic uint32_t floor_go;
+
+static void *floor_thread(void *arg) {
+  (void)arg;
+  while (!atomic_load(&floor_go))
+    syscall(SYS_futex, &floor_go, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
+  return NULL;
+}
+
+static size_t floor_stack; /* 0: glibc's default */
+
+static void floor_cycle(unsigned threads) {
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  if (floor_stack && pthread_attr_setstacksize(&a, floor_stack))
+    check(-22, "pthread_attr_setstacksize");
+  pthread_t t[WEFT_MAX_WORKERS];
+  atomic_store(&floor_go, 0);
+  for (unsigned i = 0; i < threads; i++)
+    if (pthread_create(&t[i], &a, floor_thread, NULL))
+      check(-11, "pthread_create");
+  atomic_store(&floor_go, 1);
+  syscall(SYS_futex, &floor_go, FUTEX_WAKE_PRIVATE, 1 << 30, NULL, NULL, 0);
+  for (unsigned i = 0; i < threads; i++)
+    pthread_join(t[i], NULL);
+  pthread_attr_destroy(&a);
+}
+
+/* Wall and CPU ms per cycle of fn. */
+static void measure_fn(void (*fn)(unsigned), unsigned threads, int repeat,
+                       double *ms, double *cpu_ms) {
+  fn(threads); /* untimed: first-use costs of the process */
   uint64_t c0 = cpu_ns(), t0 = mono_ns();
   for (int i = 0; i < repeat; i++)
-    cycle(threads);
+    fn(threads);
   uint64_t t1 = mono_ns(), c1 = cpu_ns();
   *ms = (double)(t1 - t0) / 1e6 / repeat;
   *cpu_ms = (double)(c1 - c0) / 1e6 / repeat;
+}
+
+static void measure(unsigned threads, int repeat, double *ms, double *cpu_ms) {
+  measure_fn(cycle, threads, repeat, ms, cpu_ms);
 }
 
 static int pin_cpu0(void) {
@@ -156,7 +202,21 @@ static double median(const double *v, int n, double *lo, double *hi) {
   return m;
 }
 
-enum { W_MS, W_CPU, WP_MS, WP_CPU, A_MS, A_CPU, AP_MS, AP_CPU, NFIG };
+enum {
+  W_MS,
+  W_CPU,
+  WP_MS,
+  WP_CPU,
+  F_MS,
+  F_CPU,
+  FD_MS,
+  FD_CPU,
+  A_MS,
+  A_CPU,
+  AP_MS,
+  AP_CPU,
+  NFIG
+};
 
 int main(int argc, char **argv) {
   unsigned threads = 64;
@@ -206,6 +266,10 @@ int main(int argc, char **argv) {
    * the median over the rounds of that round's mean per cycle. */
   for (int r = 0; r < rounds; r++) {
     measure(threads, repeat, &fig[W_MS][r], &fig[W_CPU][r]);
+    floor_stack = (size_t)512 * 1024;
+    measure_fn(floor_cycle, threads, repeat, &fig[F_MS][r], &fig[F_CPU][r]);
+    floor_stack = 0;
+    measure_fn(floor_cycle, threads, repeat, &fig[FD_MS][r], &fig[FD_CPU][r]);
     if (!run_child("/proc/self/exe", true, true, threads, repeat,
                    &fig[WP_MS][r], &fig[WP_CPU][r])) {
       fprintf(stderr, "startup: pinned child failed\n");
@@ -231,6 +295,13 @@ int main(int argc, char **argv) {
   printf("      pinned to CPU 0:                     %.3f ms/cycle "
          "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
          med[WP_MS], lo[WP_MS], hi[WP_MS], med[WP_CPU], lo[WP_CPU], hi[WP_CPU]);
+  printf("floor: %u bare threads, 512 KiB stacks:      %.3f ms/cycle "
+         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
+         threads, med[F_MS], lo[F_MS], hi[F_MS], med[F_CPU], lo[F_CPU],
+         hi[F_CPU]);
+  printf("       glibc's default stacks:              %.3f ms/cycle "
+         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
+         med[FD_MS], lo[FD_MS], hi[FD_MS], med[FD_CPU], lo[FD_CPU], hi[FD_CPU]);
   if (have) {
     printf("asio: %u threads, io_context+post+stop+join:  %.3f ms/cycle "
            "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
@@ -243,14 +314,20 @@ int main(int argc, char **argv) {
   }
   printf("(medians over %d rounds of %d cycles, min..max in brackets)\n",
          rounds, repeat);
-  if (med[W_CPU] > med[W_MS] * 1.05 || med[WP_CPU] > med[WP_MS] * 1.05)
-    printf("note: weft's CPU per cycle exceeds its wall time: threads burn "
-           "CPU while they wait\n");
+  if (med[WP_CPU] > med[WP_MS] * 1.05)
+    printf("note: pinned to one CPU, weft's CPU per cycle exceeds its wall "
+           "time: threads burn CPU while they wait\n");
   printf("{\"bench\":\"startup\",\"threads\":%u,\"repeat\":%d,\"rounds\":%d,"
          "\"ms_per_cycle\":%.4f,\"cpu_ms_per_cycle\":%.4f,"
          "\"pinned_ms_per_cycle\":%.4f,\"pinned_cpu_ms_per_cycle\":%.4f",
          threads, repeat, rounds, med[W_MS], med[W_CPU], med[WP_MS],
          med[WP_CPU]);
+  printf(",\"floor_ms_per_cycle\":%.4f,\"floor_cpu_ms_per_cycle\":%.4f,"
+         "\"floor_default_stack_ms_per_cycle\":%.4f,"
+         "\"floor_default_stack_cpu_ms_per_cycle\":%.4f,"
+         "\"ms_vs_floor\":%.3f,\"cpu_vs_floor\":%.3f",
+         med[F_MS], med[F_CPU], med[FD_MS], med[FD_CPU], med[W_MS] / med[F_MS],
+         med[W_CPU] / med[F_CPU]);
   if (have)
     printf(",\"asio_ms_per_cycle\":%.4f,\"asio_cpu_ms_per_cycle\":%.4f,"
            "\"asio_pinned_ms_per_cycle\":%.4f,"
