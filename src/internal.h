@@ -399,9 +399,8 @@ struct weft_rt {
   struct weft__pool timer_pool;
   struct weft__pool sock_pool;
   unsigned timer_slack_ns;
-  unsigned timer_spin_ns;
-  pthread_attr_t thread_attr;
-      /* stack size of every runtime thread */ /* 0: never spin */
+  unsigned timer_spin_ns;          /* 0: never spin */
+  pthread_attr_t thread_attr;      /* stack size of every runtime thread */
   int backend;                     /* WEFT_BACKEND_URING, _EPOLL or _NONE */
   struct weft__io *ios;            /* one per shard, NULL for NONE */
   _Atomic uint32_t io_all;         /* every shard's backend is set up */
