@@ -98,6 +98,53 @@ static void publish(weft_rt *rt, unsigned i) {
   weft__store(&rt->shards[i].io, &rt->ios[i], WA_SC);
 }
 
+/* Rings are set up by a short-lived thread of ours, never by the caller.
+ * io_uring puts the thread that creates a ring on the ring's task list,
+ * and the ring's exit work, when it is torn down, queues task_work with
+ * TWA_SIGNAL on every task still on that list (io_ring_exit_work; Linux
+ * 6.18): a blocking call with a timeout in the application's thread,
+ * such as connect(2) with SO_SNDTIMEO, then fails with EINTR. A probe
+ * ring torn down right after weft_rt_create did exactly that to
+ * test_tcp_shutdown's client under TSan. An exited thread has been taken
+ * off every list (io_uring cancels its context at exit), so nobody of
+ * the application's is signalled. */
+struct setup_job {
+  weft_rt *rt;
+  struct weft__shard *sh;
+  bool probe; /* a probe ring, torn down at once; else every shard's */
+  int r;
+};
+
+static void *setup_main(void *arg) {
+  struct setup_job *j = arg;
+  if (j->probe) {
+    struct weft__io io;
+    j->r = io_setup(&io, j->sh, WEFT_BACKEND_URING, true);
+    if (!j->r)
+      io_teardown(&io);
+    return NULL;
+  }
+  weft_rt *rt = j->rt;
+  unsigned i = 0;
+  int r = 0;
+  for (; i < rt->nshards && !r; i++)
+    r = io_setup(&rt->ios[i], &rt->shards[i], rt->backend, false);
+  if (r)
+    while (--i > 0)
+      io_teardown(&rt->ios[i - 1]);
+  j->r = r;
+  return NULL;
+}
+
+static int run_setup(struct setup_job *j) {
+  pthread_t t;
+  int e = pthread_create(&t, NULL, setup_main, j);
+  if (e)
+    return -e;
+  pthread_join(t, NULL);
+  return j->r;
+}
+
 /* Set once a probe ring worked in this process; never cleared. */
 static _Atomic int uring_works;
 
@@ -106,11 +153,10 @@ static _Atomic int uring_works;
 static int probe_uring(struct weft__shard *sh) {
   if (weft__load(&uring_works, WA_ACQ))
     return 0;
-  struct weft__io io;
-  int r = io_setup(&io, sh, WEFT_BACKEND_URING, true);
+  struct setup_job j = {.sh = sh, .probe = true};
+  int r = run_setup(&j);
   if (r)
     return r;
-  io_teardown(&io);
   weft__store(&uring_works, 1, WA_REL);
   return 0;
 }
@@ -151,14 +197,11 @@ int weft__io_ensure(weft_rt *rt) {
   int r = 0;
   pthread_mutex_lock(&rt->io_lock);
   if (!weft__load(&rt->io_all, WA_RLX)) {
-    unsigned i = 0;
-    for (; i < rt->nshards && !r; i++)
-      r = io_setup(&rt->ios[i], &rt->shards[i], rt->backend, false);
-    if (r) {
-      while (--i > 0)
-        io_teardown(&rt->ios[i - 1]);
-    } else {
-      for (i = 0; i < rt->nshards; i++)
+    struct setup_job j = {.rt = rt};
+    r = rt->backend == WEFT_BACKEND_URING ? run_setup(&j)
+                                          : (setup_main(&j), j.r);
+    if (!r) {
+      for (unsigned i = 0; i < rt->nshards; i++)
         publish(rt, i);
       weft__store(&rt->io_all, 1, WA_REL);
     }
