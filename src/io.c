@@ -30,6 +30,7 @@
 #include "internal.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -137,8 +138,14 @@ static void *setup_main(void *arg) {
 }
 
 static int run_setup(struct setup_job *j) {
+  /* Like the runtime's threads, it takes none of the application's
+   * asynchronous signals (rt.c, start_threads). */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
   pthread_t t;
   int e = pthread_create(&t, NULL, setup_main, j);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (e)
     return -e;
   pthread_join(t, NULL);
