@@ -218,6 +218,13 @@ enum {
   NFIG
 };
 
+/* One table row: set-up f's wall figure at f, its CPU figure at f + 1. */
+static void row(const char *label, const double *med, const double *lo,
+                const double *hi, int f) {
+  printf("%-28s %.3f ms/cycle (%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n", label,
+         med[f], lo[f], hi[f], med[f + 1], lo[f + 1], hi[f + 1]);
+}
+
 int main(int argc, char **argv) {
   unsigned threads = 64;
   int repeat = 20, rounds = 5;
@@ -288,29 +295,17 @@ int main(int argc, char **argv) {
     if (f < A_MS || have)
       med[f] = median(fig[f], rounds, &lo[f], &hi[f]);
 
-  printf("weft: %u threads, create+post+drain+destroy: %.3f ms/cycle "
-         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
-         threads, med[W_MS], lo[W_MS], hi[W_MS], med[W_CPU], lo[W_CPU],
-         hi[W_CPU]);
-  printf("      pinned to CPU 0:                     %.3f ms/cycle "
-         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
-         med[WP_MS], lo[WP_MS], hi[WP_MS], med[WP_CPU], lo[WP_CPU], hi[WP_CPU]);
-  printf("floor: %u bare threads, 512 KiB stacks:      %.3f ms/cycle "
-         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
-         threads, med[F_MS], lo[F_MS], hi[F_MS], med[F_CPU], lo[F_CPU],
-         hi[F_CPU]);
-  printf("       glibc's default stacks:              %.3f ms/cycle "
-         "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
-         med[FD_MS], lo[FD_MS], hi[FD_MS], med[FD_CPU], lo[FD_CPU], hi[FD_CPU]);
+  char label[64];
+  snprintf(label, sizeof(label), "weft, %u threads:", threads);
+  row(label, med, lo, hi, W_MS);
+  row("  pinned to CPU 0:", med, lo, hi, WP_MS);
+  snprintf(label, sizeof(label), "floor, %u threads, 512 KiB:", threads);
+  row(label, med, lo, hi, F_MS);
+  row("  glibc's 8 MiB stacks:", med, lo, hi, FD_MS);
   if (have) {
-    printf("asio: %u threads, io_context+post+stop+join:  %.3f ms/cycle "
-           "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
-           threads, med[A_MS], lo[A_MS], hi[A_MS], med[A_CPU], lo[A_CPU],
-           hi[A_CPU]);
-    printf("      pinned to CPU 0:                     %.3f ms/cycle "
-           "(%.3f..%.3f), CPU %.3f ms (%.3f..%.3f)\n",
-           med[AP_MS], lo[AP_MS], hi[AP_MS], med[AP_CPU], lo[AP_CPU],
-           hi[AP_CPU]);
+    snprintf(label, sizeof(label), "asio, %u threads:", threads);
+    row(label, med, lo, hi, A_MS);
+    row("  pinned to CPU 0:", med, lo, hi, AP_MS);
   }
   printf("(medians over %d rounds of %d cycles, min..max in brackets)\n",
          rounds, repeat);
