@@ -23,30 +23,9 @@
 #define NSINGLE 16
 #define STUCK_MAX_S 10
 
-typedef struct tslot {
-  uint64_t deadline;
-  weft_strand *strand;
-  atomic_uint calls;
-  tu_count *fired;
-} tslot;
-
-static void slot_handler(void *arg, int status, uint64_t missed) {
-  uint64_t now = weft_now_ns();
-  tslot *sl = arg;
-  TU_CHECKF(status == 0, "status %d (%s)", status, weft_strerror(status));
-  TU_CHECKF(missed == 0, "missed %" PRIu64, missed);
-  TU_CHECKF(now >= sl->deadline, "fired %" PRIu64 " ns early",
-            sl->deadline - now);
-  TU_CHECKF(weft_strand_current() == sl->strand, "ran on strand %p, not %p",
-            (void *)weft_strand_current(), (void *)sl->strand);
-  unsigned c = atomic_fetch_add(&sl->calls, 1);
-  TU_CHECKF(c == 0, "fired %u times", c + 1);
-  atomic_fetch_add(sl->fired, 1);
-}
-
 /* Creates timers t[0..n) on strands[i % nstrands] (NULL entries: the
  * runtime) and records the strand in sl[i]. */
-static void create_all(weft_rt *rt, weft_timer **t, tslot *sl, unsigned n,
+static void create_all(weft_rt *rt, weft_timer **t, tu_tslot *sl, unsigned n,
                        weft_strand *const *strands, unsigned nstrands) {
   for (unsigned i = 0; i < n; i++) {
     sl[i].strand = strands[i % nstrands];
@@ -55,14 +34,15 @@ static void create_all(weft_rt *rt, weft_timer **t, tslot *sl, unsigned n,
 }
 
 /* Arms timers t[0..n) (made by create_all) at now + AFTER_NS. */
-static void arm_all(weft_timer **t, tslot *sl, unsigned n, tu_count *fired) {
+static void arm_all(weft_timer **t, tu_tslot *sl, unsigned n, tu_count *fired) {
   for (unsigned i = 0; i < n; i++) {
     sl[i].fired = fired;
     atomic_init(&sl[i].calls, 0);
     sl[i].deadline = weft_now_ns() + AFTER_NS;
     /* start_at with the recorded deadline: "never early" is then exact */
     tu_assert_rc(
-        weft_timer_start_at(t[i], sl[i].deadline, 0, slot_handler, &sl[i]), 0);
+        weft_timer_start_at(t[i], sl[i].deadline, 0, tu_tslot_handler, &sl[i]),
+        0);
   }
 }
 
@@ -109,7 +89,7 @@ static void test_busy_workers(void **state) {
   tu_strand_create(rt, &idle);
   weft_strand *where[4] = {NULL, l[0].s, l[1].s, idle};
   weft_timer *t[NTIMERS];
-  tslot *sl = calloc(NTIMERS, sizeof *sl);
+  tu_tslot *sl = calloc(NTIMERS, sizeof *sl);
   assert_non_null(sl);
   tu_count fired;
   atomic_init(&fired, 0);
@@ -236,7 +216,7 @@ static void test_stuck_worker(void **state) {
   weft_strand *frees[NPROBE], *helds[NPROBE];
   unsigned nfree = 0, nheld = 0;
   for (unsigned i = 0; i < NPROBE; i++) {
-    tslot probe;
+    tu_tslot probe;
     weft_timer *pt;
     tu_count pfired;
     atomic_init(&pfired, 0);
@@ -273,7 +253,7 @@ static void test_stuck_worker(void **state) {
              "by the free worker",
              NPROBE, PROBE_MS);
 
-  tslot *sl = calloc(NTIMERS + NSINGLE, sizeof *sl);
+  tu_tslot *sl = calloc(NTIMERS + NSINGLE, sizeof *sl);
   assert_non_null(sl);
   weft_timer *t[NTIMERS + NSINGLE];
   create_all(rt, t, sl, NTIMERS, frees, nfree);
@@ -310,7 +290,7 @@ static void test_stuck_worker(void **state) {
    * tree does not promise earlier; see above) */
   tu_phase("stuck worker: timers of held strands");
   weft_timer *ht[NPROBE];
-  tslot hsl[NPROBE];
+  tu_tslot hsl[NPROBE];
   tu_count hfired;
   atomic_init(&hfired, 0);
   create_all(rt, ht, hsl, nheld, helds, nheld ? nheld : 1);

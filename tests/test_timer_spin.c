@@ -72,26 +72,6 @@ static void test_post_while_spinning(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
-typedef struct slot {
-  uint64_t deadline;
-  weft_strand *strand;
-  atomic_uint calls;
-  tu_count *fired;
-} slot;
-
-static void exact_handler(void *arg, int status, uint64_t missed) {
-  uint64_t now = weft_now_ns();
-  slot *sl = arg;
-  TU_CHECKF(status == 0, "status %d (%s)", status, weft_strerror(status));
-  TU_CHECKF(missed == 0, "missed %" PRIu64, missed);
-  TU_CHECKF(now >= sl->deadline, "fired %" PRIu64 " ns early",
-            sl->deadline - now);
-  TU_CHECKF(weft_strand_current() == sl->strand, "ran on the wrong strand");
-  unsigned c = atomic_fetch_add(&sl->calls, 1);
-  TU_CHECKF(c == 0, "fired %u times", c + 1);
-  atomic_fetch_add(sl->fired, 1);
-}
-
 static void exact_once(unsigned flags) {
   tu_reset_async_errors();
   weft_config cfg;
@@ -103,7 +83,7 @@ static void exact_once(unsigned flags) {
   weft_strand *s[2];
   tu_strand_create(rt, &s[0]);
   tu_strand_create(rt, &s[1]);
-  slot *sl = calloc(NTIMERS, sizeof *sl);
+  tu_tslot *sl = calloc(NTIMERS, sizeof *sl);
   weft_timer **t = calloc(NTIMERS, sizeof *t);
   assert_non_null(sl);
   assert_non_null(t);
@@ -117,7 +97,8 @@ static void exact_once(unsigned flags) {
     sl[i].deadline = base + (uint64_t)(i * 7919 % NTIMERS) * 10000u;
     tu_assert_rc(weft_timer_create(rt, sl[i].strand, &t[i]), 0);
     tu_assert_rc(
-        weft_timer_start_at(t[i], sl[i].deadline, 0, exact_handler, &sl[i]), 0);
+        weft_timer_start_at(t[i], sl[i].deadline, 0, tu_tslot_handler, &sl[i]),
+        0);
   }
   tu_wait_count(&fired, NTIMERS, "every timer to fire");
   for (unsigned i = 0; i < NTIMERS; i++) {

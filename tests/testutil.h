@@ -549,6 +549,32 @@ static inline bool tu_event_wait_bg(tu_event *e, uint64_t target,
                     weft_strerror(got_), want_, weft_strerror(want_));         \
   } while (0)
 
+/* ------------------------------------------------------------------ timers */
+
+/* A one-shot timer armed for `deadline` on `strand` (NULL: the runtime):
+ * tu_tslot_handler checks that it fired with status 0 and missed 0, never
+ * early, on its strand, exactly once, and counts it in *fired. */
+typedef struct tu_tslot {
+  uint64_t deadline;
+  weft_strand *strand;
+  atomic_uint calls;
+  tu_count *fired;
+} tu_tslot;
+
+static inline void tu_tslot_handler(void *arg, int status, uint64_t missed) {
+  uint64_t now = weft_now_ns();
+  tu_tslot *sl = arg;
+  TU_CHECKF(status == 0, "status %d (%s)", status, weft_strerror(status));
+  TU_CHECKF(missed == 0, "missed %" PRIu64, missed);
+  TU_CHECKF(now >= sl->deadline, "fired %" PRIu64 " ns early",
+            sl->deadline - now);
+  TU_CHECKF(weft_strand_current() == sl->strand, "ran on strand %p, not %p",
+            (void *)weft_strand_current(), (void *)sl->strand);
+  unsigned c = atomic_fetch_add(&sl->calls, 1);
+  TU_CHECKF(c == 0, "fired %u times", c + 1);
+  atomic_fetch_add(sl->fired, 1);
+}
+
 /* ---------------------------------------------------------- on a strand */
 
 /* Runs fn(arg) on strand s and waits (bounded) until it has returned. Test
