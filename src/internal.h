@@ -96,6 +96,9 @@ struct weft__pool {
 
 int weft__pool_init(struct weft__pool *p, size_t objsize);
 void weft__pool_destroy(struct weft__pool *p);
+/* Gives p bytes at mem (cacheline aligned) to carve before any slab of its
+ * own; the caller keeps mem mapped until weft__pool_destroy. */
+void weft__pool_reserve(struct weft__pool *p, void *mem, size_t bytes);
 /* cache may be NULL (caller outside the runtime). NULL on ENOMEM. */
 void *weft__pool_alloc(struct weft__pool *p, struct weft__pool_cache *cache);
 void weft__pool_free(struct weft__pool *p, struct weft__pool_cache *cache,
@@ -385,13 +388,19 @@ struct weft__idle {
   pthread_mutex_t lock; /* guards sleepers[] */
   unsigned nsleepers;
   struct weft__thread **sleepers;
+  /* Once done: sleepers[0..done_n) are the threads to wake, claimed by
+   * index (park.c, wake_done_share). */
+  unsigned done_n;
+  _Atomic unsigned done_next;
 };
 
 struct weft_rt {
   unsigned nshards;
   unsigned batch;
-  struct weft__shard *shards;
-  struct weft__thread *threads;
+  struct weft__shard *shards;   /* in arena */
+  struct weft__thread *threads; /* in arena */
+  void *arena; /* one mapping: shards, threads, the pools' first objects */
+  size_t arena_bytes;
   struct weft__inject inject;
   struct weft__idle idle;
   struct weft__pool node_pool;
@@ -506,6 +515,9 @@ static inline struct weft__shard *weft__handler_leave(struct weft__thread *t) {
 /* Monitor and spares (monitor.c). */
 int weft__monitor_start(weft_rt *rt);
 int weft__spare_prestart(weft_rt *rt);
+/* Tells the monitor thread to exit; stop joins it and frees its state,
+ * which a late nudge may still read until then. */
+void weft__monitor_stop_soon(weft_rt *rt);
 void weft__monitor_stop(weft_rt *rt);
 void weft__monitor_nudge(weft_rt *rt); /* a thread unparked */
 /* A thread without a shard: wait as a spare; false when it must exit. */

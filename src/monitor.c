@@ -421,13 +421,20 @@ int weft__monitor_start(weft_rt *rt) {
   return 0;
 }
 
-void weft__monitor_stop(weft_rt *rt) {
+void weft__monitor_stop_soon(weft_rt *rt) {
   struct weft__monitor *m = rt->monitor;
   if (!m)
     return;
   weft__store(&m->stop, 1, WA_SC);
   weft__store(&m->wake, 1, WA_REL);
   weft__futex_wake(&m->wake, 1);
+}
+
+void weft__monitor_stop(weft_rt *rt) {
+  struct weft__monitor *m = rt->monitor;
+  if (!m)
+    return;
+  weft__monitor_stop_soon(rt);
   pthread_join(m->tid, NULL);
   monitor_free(m);
   rt->monitor = NULL;

@@ -8,6 +8,9 @@
  * back to the depot; an empty cache takes one batch from the depot, or
  * carves a new one. The depot's mutex is thus taken once per
  * WEFT_POOL_BATCH objects at most, and never while a handler runs.
+ *
+ * Carving starts in a region the runtime reserved in its arena (rt.c),
+ * sized for one batch per shard, and goes on in slabs of its own.
  */
 #include "internal.h"
 
@@ -42,6 +45,11 @@ void weft__pool_destroy(struct weft__pool *p) {
   }
   p->slabs = NULL;
   pthread_mutex_destroy(&p->lock);
+}
+
+void weft__pool_reserve(struct weft__pool *p, void *mem, size_t bytes) {
+  p->bump = mem;
+  p->bump_end = (char *)mem + bytes;
 }
 
 /* Carves up to n objects from slabs into a chain; lock held. */

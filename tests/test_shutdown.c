@@ -576,6 +576,40 @@ static void test_idle_lifecycle(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* Many threads, all parked when the shutdown is declared: the declaring
+ * thread and every thread it wakes share the wakeups (park.c). A thread
+ * left asleep hangs destroy's join, which the watchdog reports. */
+static atomic_uint g_many_ran;
+
+static void count_many(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&g_many_ran, 1);
+}
+
+static void test_many_threads_lifecycle(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("many threads lifecycle");
+  unsigned cycles = (unsigned)TU_SCALED(40, 3);
+  for (unsigned c = 0; c < cycles; c++) {
+    weft_rt *rt;
+    tu_rt_create(&rt, 32, 0);
+    atomic_store(&g_many_ran, 0);
+    unsigned posts = 1 + c % 64;
+    for (unsigned i = 0; i < posts; i++)
+      assert_int_equal(weft_post_rt(rt, count_many, NULL), 0);
+    int how = c % 2 ? WEFT_SHUTDOWN_DRAIN : WEFT_SHUTDOWN_CANCEL;
+    if (c % 3 == 0) /* destroy alone shuts down with CANCEL */
+      assert_int_equal(weft_rt_shutdown(rt, how), 0);
+    assert_int_equal(weft_rt_destroy(rt), 0);
+    if (how == WEFT_SHUTDOWN_DRAIN && c % 3 == 0 &&
+        atomic_load(&g_many_ran) != posts)
+      fail_msg("cycle %u: %u of %u handlers ran after a drain", c,
+               atomic_load(&g_many_ran), posts);
+  }
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
@@ -585,6 +619,7 @@ int main(void) {
       cmocka_unit_test(test_from_handler_cancel),
       cmocka_unit_test(test_destroy_without_shutdown),
       cmocka_unit_test(test_idle_lifecycle),
+      cmocka_unit_test(test_many_threads_lifecycle),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
