@@ -130,14 +130,62 @@ static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
   return take_inject(rt, sh);
 }
 
+/* A shard's timers overdue by this much are served by any thread that
+ * looks: their owner is preempted, or inside a long handler. The grace
+ * keeps a running owner's timers its own (it serves them within a few
+ * us); after it, a thread that lost its CPU for a scheduler tick (4 ms
+ * here, the VM's other tasks) no longer takes its timers with it. */
+#define OVERDUE_NS 50000u
+
+/* Looks at one other shard, the next in turn, and serves its timers if
+ * they are overdue. Returns that shard if they were and its rings hold
+ * work, which its owner, not running, leaves waiting too; else NULL. One
+ * shard per call: a cache line that its owner writes, read once. */
+static struct weft__shard *
+serve_one_overdue(weft_rt *rt, struct weft__shard *sh, uint64_t now) {
+  if (rt->nshards < 2)
+    return NULL;
+  unsigned i = sh->peek = (sh->peek + 1) % rt->nshards;
+  struct weft__shard *v = &rt->shards[i];
+  if (v == sh)
+    return NULL;
+  uint64_t next = weft__load(&v->timer_next, WA_ACQ);
+  if (next == UINT64_MAX)
+    return NULL;
+  if (!now)
+    now = weft__now_ns();
+  if (next + OVERDUE_NS > now)
+    return NULL;
+  weft__timers_fire_due(v, sh, now);
+  return weft__runq_len(&v->rq) || weft__runq_len(&v->prq) ? v : NULL;
+}
+
+/* Takes half of a stuck shard's timer firings, or of its other work, into
+ * our ring of the same kind if that is empty (a steal needs room for
+ * half a ring), to run after what we have. */
+static void take_from_stuck(struct weft__shard *sh, struct weft__shard *v) {
+  uint32_t got = 0;
+  weft__item it = 0;
+  if (!weft__runq_len(&sh->prq) &&
+      (it = weft__runq_steal(&v->prq, &sh->prq, &got)))
+    weft__runq_push(&sh->prq, it); /* fits: at most half a ring */
+  else if (!weft__runq_len(&sh->rq) &&
+           (it = weft__runq_steal(&v->rq, &sh->rq, &got)))
+    weft__runq_push(&sh->rq, it);
+  weft__stat_add(&sh->st_steals, got);
+}
+
 static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
   weft__item it;
-  uint64_t next = weft__load(&sh->timer_next, WA_ACQ);
+  uint64_t next = weft__load(&sh->timer_next, WA_ACQ), now = 0;
   if (next != UINT64_MAX) {
-    uint64_t now = weft__now_ns();
+    now = weft__now_ns();
     if (next <= now)
       weft__timers_fire_due(sh, sh, now);
   }
+  struct weft__shard *stuck;
+  if ((sh->tick & 15) == 0 && (stuck = serve_one_overdue(rt, sh, now)))
+    take_from_stuck(sh, stuck);
   struct weft__io *io = weft__load(&sh->io, WA_ACQ);
   if (io)
     weft__io_poll(sh, io,
@@ -173,6 +221,8 @@ static bool spin_to_timer(weft_rt *rt, struct weft__shard *sh) {
   while (now < next) {
     for (int i = 0; i < 16; i++)
       weft__cpu_relax();
+    if (serve_one_overdue(rt, sh, now))
+      return false; /* steal what the other shard's owner left */
     if (weft__runq_len(&sh->rq) || weft__runq_len(&sh->prq) ||
         weft__load(&rt->inject.len, WA_RLX))
       break;

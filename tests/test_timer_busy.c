@@ -13,6 +13,9 @@
  *  - Stuck: workers = 2, one worker held in a handler (it sleeps until the
  *    test lets it go). See the comment above test_stuck_worker for what is
  *    checked in this tree (before the stall monitor) and what is not yet.
+ *  - Stuck and busy, no monitor: one worker held, the other never idle.
+ *    Timers on 16 strands (homed on both shards) all fire while the worker
+ *    is held: the busy one serves the held shard's overdue timers.
  *    The held handler lets itself go after STUCK_MAX_S seconds, so a
  *    failure is reported, not a hang.
  */
@@ -319,11 +322,79 @@ static void test_stuck_worker(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* No monitor, one worker held, the other running a loop that never lets
+ * it go idle (so it never searches): the held shard's timers are fired
+ * only because a running thread looks at one other shard's deadline every
+ * few items and serves it once overdue (shard.c, serve_one_overdue). */
+#define NSTUCKBUSY 16
+
+static void test_stuck_and_busy(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("timers with a stuck worker and a busy one, no monitor");
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.flags = WEFT_CONFIG_NO_MONITOR;
+  weft_rt *rt;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  stuck st;
+  atomic_init(&st.release, false);
+  atomic_init(&st.entered, false);
+  atomic_init(&st.returned, false);
+  weft_strand *held;
+  tu_strand_create(rt, &held);
+  tu_assert_rc(weft_post(held, stuck_handler, &st), 0);
+  uint64_t dl = tu_deadline_ns(TU_WAIT_S);
+  while (!atomic_load(&st.entered)) {
+    if (tu_now_ns() > dl)
+      fail_msg("the stuck handler did not start");
+    tu_sleep_ms(1);
+  }
+  looper l;
+  tu_strand_create(rt, &l.s);
+  atomic_init(&l.stop, false);
+  atomic_init(&l.turns, 0);
+  atomic_init(&l.stopped, 0);
+  tu_assert_rc(weft_post(l.s, loop_handler, &l), 0);
+  tu_wait_count(&l.turns, 1000, "the loop to spin");
+
+  weft_strand *s[NSTUCKBUSY];
+  weft_timer *t[NSTUCKBUSY];
+  tu_tslot sl[NSTUCKBUSY];
+  for (unsigned i = 0; i < NSTUCKBUSY; i++)
+    tu_strand_create(rt, &s[i]);
+  create_all(rt, t, sl, NSTUCKBUSY, s, NSTUCKBUSY);
+  tu_count fired;
+  atomic_init(&fired, 0);
+  arm_all(t, sl, NSTUCKBUSY, &fired);
+  if (!wait_while_stuck(&fired, NSTUCKBUSY, &st))
+    fail_msg("with one worker stuck and the other busy, %" PRIu64 " of %u "
+             "timers fired before the stuck handler returned (after %d s): "
+             "the stuck shard's overdue timers were not served",
+             (uint64_t)atomic_load(&fired), NSTUCKBUSY, STUCK_MAX_S);
+  assert_int_equal(atomic_load(&l.stopped), 0); /* busy all along */
+  atomic_store(&st.release, true);
+  atomic_store(&l.stop, true);
+  tu_wait_count(&l.stopped, 1, "the loop to stop");
+  for (unsigned i = 0; i < NSTUCKBUSY; i++) {
+    weft_timer_destroy(t[i]);
+    weft_strand_release(s[i]);
+  }
+  weft_strand_release(l.s);
+  weft_strand_release(held);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  for (unsigned i = 0; i < NSTUCKBUSY; i++)
+    assert_int_equal(atomic_load(&sl[i].calls), 1);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_busy_workers),
       cmocka_unit_test(test_stuck_worker),
+      cmocka_unit_test(test_stuck_and_busy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
