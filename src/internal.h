@@ -317,8 +317,8 @@ struct weft__shard {
   _Atomic uint64_t st_io_events, st_io_enters;
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
   _Atomic(struct weft__io *) io;
-  /* owner only: dispatching a batch of I/O events, whose pushes notify
-   * parked threads once at the end instead of once each (io.c) */
+  /* owner only: firing a batch of timers, whose pushes notify parked
+   * threads once after tlock is released instead of once each (timer.c) */
   bool quiet;
   /* sockets registered here, for the shutdown sweep (tcp.c) */
   pthread_mutex_t tcp_lock;

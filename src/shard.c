@@ -57,7 +57,8 @@ void weft__schedule_prio(weft_rt *rt, struct weft__shard *local,
     weft__schedule(rt, local, it); /* outside, or full: the usual way */
     return;
   }
-  if (weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
+  if (!local->quiet &&
+      weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
     weft__notify_parked(rt); /* there is work for another thread */
 }
 

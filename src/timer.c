@@ -248,9 +248,21 @@ void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
                            uint64_t now_ns) {
   if (!weft__trylock(&home->tlock))
     return; /* another thread is serving this wheel */
+  /* Quiet: the firings' notify_parked (an RMW on the shared idle word each)
+   * waits until the lock is released, and is made once. A thread that is
+   * preempted while it holds tlock keeps every other thread off this wheel
+   * (4 ms, a whole tick here), so the hold is kept short. */
+  bool quiet = local && !local->quiet;
+  if (quiet)
+    local->quiet = true;
   fire_due_locked(home, local, now_ns >> WEFT_TICK_SHIFT);
   publish_next(home);
   weft__unlock(&home->tlock);
+  if (quiet) {
+    local->quiet = false;
+    if (weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
+      weft__notify_parked(home->rt);
+  }
 }
 
 /* Wakes the home shard's thread if its deadline moved earlier. */
