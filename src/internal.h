@@ -298,7 +298,8 @@ struct weft__shard {
   unsigned idx;
   _Atomic(struct weft__thread *) owner;
   uint32_t tick;
-  uint32_t peek; /* the shard serve_one_overdue looks at last */
+  uint32_t peek;  /* the shard serve_one_overdue looks at last */
+  uint32_t looks; /* next_item calls, for its look every 16 */
   uint32_t rng;
   struct weft__pool_cache node_cache;
   struct weft__pool_cache strand_cache;

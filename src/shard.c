@@ -185,7 +185,7 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
       weft__timers_fire_due(sh, sh, now);
   }
   struct weft__shard *stuck;
-  if ((sh->tick & 15) == 0 && (stuck = serve_one_overdue(rt, sh, now)))
+  if ((++sh->looks & 15) == 0 && (stuck = serve_one_overdue(rt, sh, now)))
     take_from_stuck(sh, stuck);
   struct weft__io *io = weft__load(&sh->io, WA_ACQ);
   if (io)
