@@ -190,6 +190,20 @@ static bool wait_while_stuck(tu_count *fired, uint64_t n, stuck *st) {
   }
 }
 
+/* Posts stuck_handler on held and waits until it runs. */
+static void hold_worker(weft_strand *held, stuck *st) {
+  atomic_init(&st->release, false);
+  atomic_init(&st->entered, false);
+  atomic_init(&st->returned, false);
+  tu_assert_rc(weft_post(held, stuck_handler, st), 0);
+  uint64_t dl = tu_deadline_ns(TU_WAIT_S);
+  while (!atomic_load(&st->entered)) {
+    if (tu_now_ns() > dl)
+      fail_msg("the stuck handler did not start");
+    tu_sleep_ms(1);
+  }
+}
+
 static void test_stuck_worker(void **state) {
   (void)state;
   tu_reset_async_errors();
@@ -202,16 +216,7 @@ static void test_stuck_worker(void **state) {
   for (unsigned i = 0; i < NPROBE; i++)
     tu_strand_create(rt, &cand[i]);
   stuck st;
-  atomic_init(&st.release, false);
-  atomic_init(&st.entered, false);
-  atomic_init(&st.returned, false);
-  tu_assert_rc(weft_post(held, stuck_handler, &st), 0);
-  uint64_t dl = tu_deadline_ns(TU_WAIT_S);
-  while (!atomic_load(&st.entered)) {
-    if (tu_now_ns() > dl)
-      fail_msg("the stuck handler did not start");
-    tu_sleep_ms(1);
-  }
+  hold_worker(held, &st);
   tu_sleep_ms(2); /* let the other worker go idle */
 
   /* classify the candidate strands, one lone probe at a time */
@@ -299,7 +304,7 @@ static void test_stuck_worker(void **state) {
   create_all(rt, ht, hsl, nheld, helds, nheld ? nheld : 1);
   arm_all(ht, hsl, nheld, &hfired);
   atomic_store(&st.release, true);
-  dl = tu_deadline_ns(TU_WAIT_S);
+  uint64_t dl = tu_deadline_ns(TU_WAIT_S);
   while (!atomic_load(&st.returned)) {
     if (tu_now_ns() > dl)
       fail_msg("the stuck handler did not return");
@@ -338,19 +343,10 @@ static void test_stuck_and_busy(void **state) {
   cfg.flags = WEFT_CONFIG_NO_MONITOR;
   weft_rt *rt;
   tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
-  stuck st;
-  atomic_init(&st.release, false);
-  atomic_init(&st.entered, false);
-  atomic_init(&st.returned, false);
   weft_strand *held;
   tu_strand_create(rt, &held);
-  tu_assert_rc(weft_post(held, stuck_handler, &st), 0);
-  uint64_t dl = tu_deadline_ns(TU_WAIT_S);
-  while (!atomic_load(&st.entered)) {
-    if (tu_now_ns() > dl)
-      fail_msg("the stuck handler did not start");
-    tu_sleep_ms(1);
-  }
+  stuck st;
+  hold_worker(held, &st);
   looper l;
   tu_strand_create(rt, &l.s);
   atomic_init(&l.stop, false);
