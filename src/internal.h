@@ -534,6 +534,16 @@ void weft__blocking_shutdown(weft_rt *rt);
 void weft__blocking_destroy(weft_rt *rt);
 void weft__blocking_stats(weft_rt *rt, weft_stats *out);
 
+/* The home shard: a multiplicative hash of the strand's (or the timer's)
+ * address, mapped onto the shards by a multiply-shift instead of a modulo
+ * (a division costs more than the rest of a cancel). */
+static inline struct weft__shard *weft__timer_home(struct weft_timer *t) {
+  uintptr_t p = weft__timer_strand(t) ? t->owner : (uintptr_t)t;
+  uint32_t h = (uint32_t)((p >> 6) ^ (p >> 38)) * 0x9e3779b1u;
+  weft_rt *rt = weft__timer_rt(t);
+  return &rt->shards[((uint64_t)h * rt->nshards) >> 32];
+}
+
 /* Scheduling (shard.c). */
 void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it);
 /* The same for a timer firing: to the shard's priority ring. */

@@ -223,6 +223,13 @@ static void wake_done_share(weft_rt *rt) {
 void weft__wake_all_done(weft_rt *rt) {
   struct weft__idle *idle = &rt->idle;
   pthread_mutex_lock(&idle->lock);
+  /* Declared already: two parkers can both see a zero count (each from
+   * its own decrement, checked after the lock), and a second freeze would
+   * set done_n to the emptied list's 0 under the first one's claimers. */
+  if (weft__load(&rt->done, WA_RLX)) {
+    pthread_mutex_unlock(&idle->lock);
+    return;
+  }
   idle->done_n = idle->nsleepers;
   idle->nsleepers = 0;
   weft__store(&rt->done, 1, WA_SC);

@@ -300,6 +300,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     sh->rt = rt;
     sh->idx = i;
     sh->rng = 0x9e3779b9u * (i + 1);
+    sh->peek = i; /* shards look at the others from different places */
     t->rt = rt;
     t->idx = i;
     t->shard = sh;

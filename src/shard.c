@@ -222,8 +222,11 @@ static bool spin_to_timer(weft_rt *rt, struct weft__shard *sh) {
   while (now < next) {
     for (int i = 0; i < 16; i++)
       weft__cpu_relax();
-    if (serve_one_overdue(rt, sh, now))
-      return false; /* steal what the other shard's owner left */
+    struct weft__shard *stuck = serve_one_overdue(rt, sh, now);
+    if (stuck) { /* its owner is not running: take some of its work */
+      take_from_stuck(sh, stuck);
+      return true; /* back to next_item: never park with our rings full */
+    }
     if (weft__runq_len(&sh->rq) || weft__runq_len(&sh->prq) ||
         weft__load(&rt->inject.len, WA_RLX))
       break;

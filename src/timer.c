@@ -59,16 +59,6 @@ void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns) {
   }
 }
 
-/* The home shard: a multiplicative hash of the strand's (or the timer's)
- * address, mapped onto the shards by a multiply-shift instead of a modulo
- * (a division costs more than the rest of a cancel). */
-static inline struct weft__shard *home_of(weft_timer *t) {
-  uintptr_t p = weft__timer_strand(t) ? t->owner : (uintptr_t)t;
-  uint32_t h = (uint32_t)((p >> 6) ^ (p >> 38)) * 0x9e3779b1u;
-  weft_rt *rt = weft__timer_rt(t);
-  return &rt->shards[((uint64_t)h * rt->nshards) >> 32];
-}
-
 static unsigned level_for(uint64_t elapsed, uint64_t when) {
   uint64_t masked = (elapsed ^ when) | SLOT_MASK;
   if (masked >= MAX_TICKS)
@@ -347,7 +337,7 @@ static int start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
   if (!t || !fn || (period_ns && deadline_ns > UINT64_MAX - period_ns))
     return -EINVAL;
   weft_rt *rt = weft__timer_rt(t);
-  struct weft__shard *home = home_of(t);
+  struct weft__shard *home = weft__timer_home(t);
   struct weft__shard *local = weft__local_begin(rt);
   /* From outside the runtime, a firing queued at once must count as a
    * post in flight, or a racing shutdown could finish without it. */
@@ -384,7 +374,7 @@ int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
 int weft_timer_cancel(weft_timer *t) {
   if (!t)
     return -EINVAL;
-  struct weft__shard *home = home_of(t);
+  struct weft__shard *home = weft__timer_home(t);
   int r = -EALREADY;
   weft__lock(&home->tlock);
   if (t->state == WEFT_T_ARMED) {
@@ -399,7 +389,7 @@ int weft_timer_cancel(weft_timer *t) {
 void weft_timer_destroy(weft_timer *t) {
   if (!t)
     return;
-  struct weft__shard *home = home_of(t);
+  struct weft__shard *home = weft__timer_home(t);
   weft__lock(&home->tlock);
   if (t->state == WEFT_T_ARMED)
     wheel_remove(&home->wheel, t);
@@ -414,7 +404,7 @@ void weft_timer_destroy(weft_timer *t) {
 /* After a firing's handler: re-arm a periodic timer, or settle. Returns
  * whether the handler must now be told of a shutdown (-ECANCELED). */
 static bool settle(weft_timer *t, bool ran, bool *free_it) {
-  struct weft__shard *home = home_of(t);
+  struct weft__shard *home = weft__timer_home(t);
   bool cancelled = false;
   weft__lock(&home->tlock);
   t->inflight--;
@@ -458,7 +448,7 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
 static void run_firing(struct firing *f, bool cancel) {
   weft_timer *t = f->t;
   weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
-  struct weft__shard *home = home_of(t);
+  struct weft__shard *home = weft__timer_home(t);
   weft__lock(&home->tlock);
   bool skip = t->destroyed;
   weft__unlock(&home->tlock);
