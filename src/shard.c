@@ -89,20 +89,27 @@ static uint32_t xorshift(uint32_t *s) {
   return *s = x;
 }
 
+/* Fires v's timers if its next deadline is at least grace ns past; *now
+ * is read on first need (0: not yet). Returns whether they were due. */
+static bool serve_if_due(struct weft__shard *v, struct weft__shard *sh,
+                         uint64_t *now, uint64_t grace) {
+  uint64_t next = weft__load(&v->timer_next, WA_ACQ);
+  if (next == UINT64_MAX)
+    return false;
+  if (!*now)
+    *now = weft__now_ns();
+  if (next + grace > *now)
+    return false;
+  weft__timers_fire_due(v, sh, *now);
+  return true;
+}
+
 /* Serves the expired timers of any shard whose owner has not: a searching
  * thread has time, the owner may be busy or stuck in a handler. */
 static void serve_timers(weft_rt *rt, struct weft__shard *sh) {
   uint64_t now = 0;
-  for (unsigned i = 0; i < rt->nshards; i++) {
-    struct weft__shard *v = &rt->shards[i];
-    uint64_t next = weft__load(&v->timer_next, WA_ACQ);
-    if (next == UINT64_MAX)
-      continue;
-    if (!now)
-      now = weft__now_ns();
-    if (next <= now)
-      weft__timers_fire_due(v, sh, now);
-  }
+  for (unsigned i = 0; i < rt->nshards; i++)
+    serve_if_due(&rt->shards[i], sh, &now, 0);
 }
 
 static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
@@ -144,20 +151,11 @@ static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
  * shard per call: a cache line that its owner writes, read once. */
 static struct weft__shard *
 serve_one_overdue(weft_rt *rt, struct weft__shard *sh, uint64_t now) {
-  if (rt->nshards < 2)
+  if (++sh->peek >= rt->nshards)
+    sh->peek = 0;
+  struct weft__shard *v = &rt->shards[sh->peek];
+  if (v == sh || !serve_if_due(v, sh, &now, OVERDUE_NS))
     return NULL;
-  unsigned i = sh->peek = (sh->peek + 1) % rt->nshards;
-  struct weft__shard *v = &rt->shards[i];
-  if (v == sh)
-    return NULL;
-  uint64_t next = weft__load(&v->timer_next, WA_ACQ);
-  if (next == UINT64_MAX)
-    return NULL;
-  if (!now)
-    now = weft__now_ns();
-  if (next + OVERDUE_NS > now)
-    return NULL;
-  weft__timers_fire_due(v, sh, now);
   return weft__runq_len(&v->rq) || weft__runq_len(&v->prq) ? v : NULL;
 }
 
@@ -178,12 +176,8 @@ static void take_from_stuck(struct weft__shard *sh, struct weft__shard *v) {
 
 static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
   weft__item it;
-  uint64_t next = weft__load(&sh->timer_next, WA_ACQ), now = 0;
-  if (next != UINT64_MAX) {
-    now = weft__now_ns();
-    if (next <= now)
-      weft__timers_fire_due(sh, sh, now);
-  }
+  uint64_t now = 0;
+  serve_if_due(sh, sh, &now, 0);
   struct weft__shard *stuck;
   if ((++sh->looks & 15) == 0 && (stuck = serve_one_overdue(rt, sh, now)))
     take_from_stuck(sh, stuck);
