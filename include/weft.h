@@ -116,11 +116,11 @@ typedef struct weft_config {
   unsigned flags;
   /* A handler running longer than this is a stall: its shard (run queue,
    * timers) is handed to a spare thread and the stall is reported. The
-   * monitor looks every half threshold, so a stall is noticed between the
-   * threshold and 1.5 times it (plus its timer slack, a tenth of a look);
-   * under load each look costs the machine a thread wakeup, 2000 a second
-   * at the default (docs/design.md). 0: 1 ms (1000000). At least 50000
-   * (50 us). */
+   * monitor looks every half threshold, so a blocked handler is noticed
+   * between the threshold and 1.5 times it (one that computes, a look
+   * later; each look up to a tenth of a look late, its timer slack); under
+   * load each look costs the machine a thread wakeup, 2000 a second at the
+   * default (docs/design.md). 0: 1 ms (1000000). At least 50000 (50 us). */
   uint64_t stall_threshold_ns;
   /* Most threads the runtime may run for its shards, spares included.
    * 0: 2 * workers + 4. At least workers. */
