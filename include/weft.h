@@ -448,9 +448,14 @@ WEFT_API int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
                               void *arg, weft_tcp **out);
 
 /* Reads up to len bytes (len is capped at 1 GiB) into buf; fn runs once
- * with the result. One read at a time. Errors: -EINVAL (buf or fn NULL, len
- * 0), -EBUSY (a read is in flight), -ENOTCONN (not connected yet),
- * -EBADF (closing), -EPERM (not on the strand), -ESHUTDOWN. */
+ * with the result: the bytes read, 0 at end of file, or a negative errno.
+ * One read at a time. With io_uring, bytes that arrive between reads are
+ * kept in the shard's 4 KiB receive buffers, about 8 per connection (its
+ * receive stops there; what the socket had received by then comes on
+ * top), then the kernel's socket buffer and TCP flow control hold the
+ * rest; the next read gets them first. Errors: -EINVAL (buf or fn NULL, len 0),
+ * -EBUSY (a read is in flight), -ENOTCONN (not connected yet), -EBADF
+ * (closing), -EPERM (not on the strand), -ESHUTDOWN. */
 WEFT_API int weft_tcp_read(weft_tcp *c, void *buf, size_t len, weft_read_fn fn,
                            void *arg);
 
@@ -530,6 +535,13 @@ typedef struct weft_stats {
   uint64_t handlers_run_after_handoff;
   uint64_t blocking_done; /* blocking jobs whose done has returned */
   uint64_t tcp_live;      /* connections and listener sockets not yet freed */
+  /* io_uring: provided receive buffers (4 KiB each, 128 per shard) that
+   * hold bytes a connection has received and not yet been asked to read
+   * (weft_tcp_read says how many one connection may hold). */
+  uint64_t recv_bufs_held;
+  /* io_uring: receives that found every buffer of their shard held, and
+   * so read into the reader's own buffer instead. */
+  uint64_t recv_nobufs;
 } weft_stats;
 
 /* Counters of the runtime, summed over its shards. They are read without

@@ -221,6 +221,20 @@ struct io_uring_sqe;
 
 #define WEFT_IO_EVBUF 64
 
+/* uring: a provided receive buffer (io_bufring.c). next links it in a
+ * socket's queue or on the return stack; len and off: its data, unread
+ * from off on. */
+struct weft__rbuf {
+  struct weft__rbuf *next;
+  struct weft__io *io; /* the shard ring it belongs to */
+  char *data;
+  uint32_t len, off;
+  uint16_t bid;
+};
+
+#define WEFT_RBUF_COUNT 128u /* a power of two */
+#define WEFT_RBUF_SIZE 4096u
+
 struct weft__io {
   int kind; /* WEFT_BACKEND_URING or WEFT_BACKEND_EPOLL */
   int efd;  /* eventfd: written to wake the holder from its wait */
@@ -228,8 +242,15 @@ struct weft__io {
   unsigned unsubmitted; /* uring: SQEs prepared and not yet entered */
   bool wake_armed;      /* uring: a poll of efd is in the ring */
   void *ring;           /* uring: struct io_uring */
-  int epfd;             /* epoll */
-  unsigned nev, evpos;  /* epoll: events waited for, not yet dispatched */
+  /* uring: provided receive buffers, NULL if the kernel has none */
+  void *br; /* struct io_uring_buf_ring */
+  struct weft__rbuf *rbufs;
+  char *rbuf_mem;
+  _Atomic(struct weft__rbuf *) rbuf_ret; /* handed back by other threads */
+  /* buffers given to sockets, and given back: by the holder, by others */
+  _Atomic uint64_t st_rbuf_out, st_rbuf_in, st_rbuf_ret;
+  int epfd;            /* epoll */
+  unsigned nev, evpos; /* epoll: events waited for, not yet dispatched */
   uint64_t evdata[WEFT_IO_EVBUF];
   uint32_t evbits[WEFT_IO_EVBUF];
 };
@@ -238,7 +259,10 @@ struct weft__io {
  * address with one of these in the low bits; 0 is the wake poll. */
 #define WEFT_OP_READ 1u  /* receive, accept or connect */
 #define WEFT_OP_WRITE 2u /* send */
+#define WEFT_OP_RECVM 3u /* multishot receive */
 #define WEFT_OP_MASK 3u
+/* user_data of requests whose completion nobody waits for (cancels) */
+#define WEFT_UD_QUIET ((uint64_t)WEFT_OP_READ)
 
 /* At create: decides the backend, sets up shard 0's. */
 int weft__io_init(weft_rt *rt, int backend);
@@ -278,6 +302,20 @@ void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
 /* io_uring: the operation user_data names completed with res. */
 void weft__sock_completed(struct weft__shard *local, uint64_t user_data,
                           int32_t res);
+/* io_uring: a completion of a socket's multishot receive (tcp_recv.c) */
+void weft__sock_recvm(struct weft__io *io, uint64_t user_data, int32_t res,
+                      uint32_t flags);
+/* io_bufring.c: set up (0, or the kernel's refusal: then io->br stays
+ * NULL), free after the ring is gone, the buffer of an id, moving handed
+ * back buffers to the ring and giving one to it (holder only), handing one
+ * back (any thread). */
+int weft__bufring_setup(struct weft__io *io);
+void weft__bufring_free(struct weft__io *io);
+struct weft__rbuf *weft__bufring_get(struct weft__io *io, unsigned bid);
+void weft__bufring_drain(struct weft__io *io);
+void weft__bufring_give(struct weft__io *io, struct weft__rbuf *b);
+void weft__bufring_put(weft_rt *rt, struct weft__rbuf *b);
+void weft__io_stats(weft_rt *rt, weft_stats *out);
 /* epoll's registration word for s and its decoding */
 void weft__sock_event(struct weft__shard *local, uint64_t data,
                       uint32_t events);
@@ -420,6 +458,8 @@ struct weft_rt {
   _Atomic uint64_t tcp_live;       /* sockets not yet freed */
   _Atomic uint32_t tcp_rr;         /* home shard of sockets made outside */
   _Atomic uint32_t no_poll_first;  /* the kernel refused RECVSEND_POLL_FIRST */
+  _Atomic uint32_t no_multishot;   /* the kernel refused a multishot receive */
+  _Atomic uint64_t recv_nobufs;    /* multishot receives that found no buffer */
   struct weft_listener *listeners; /* under life_lock; freed at destroy */
 
   /* lifecycle; closing and cancelling only go 0 -> 1 */

@@ -7,10 +7,14 @@
  * multishot poll of the shard's eventfd, whose counter is never read back:
  * each write posts one completion; a read request instead measured 25 us
  * per wakeup against 4 us for a futex) or a socket
- * operation whose user_data is the socket's address tagged WEFT_OP_READ or
- * WEFT_OP_WRITE; the socket stays alive until that completion has been
- * handed to it (tcp.c), so a completion never reaches a socket that reused
- * its memory. The reaper reads nothing of the socket but its event word.
+ * operation whose user_data is the socket's address tagged WEFT_OP_READ,
+ * WEFT_OP_WRITE or WEFT_OP_RECVM (a multishot receive, whose completions
+ * name provided buffers: io_bufring.c, tcp_recv.c), or a cancel whose
+ * result nobody waits for (WEFT_UD_QUIET); the socket stays alive until
+ * its operation's last completion has been handed to it (tcp.c), so a
+ * completion never reaches a socket that reused its memory. The reaper
+ * reads nothing of the socket but its event word and, for a multishot
+ * receive, its buffer stack and counters.
  *
  * Completions of network requests are finished by task work of the thread
  * that submitted them (the poll wakeup queues it to that task), even after
@@ -106,6 +110,10 @@ int weft__uring_setup(struct weft__io *io, bool probe) {
     return r;
   }
   io->ring = ring;
+  /* No provided buffers (before 5.19, or no memory for them): receives go
+   * into the reader's buffer, one request each (tcp_recv.c). */
+  if (!probe)
+    (void)weft__bufring_setup(io);
   arm_wake(io);
   return 0;
 }
@@ -116,6 +124,7 @@ void weft__uring_teardown(struct weft__io *io) {
   io_uring_queue_exit(ring_of(io));
   free(io->ring);
   io->ring = NULL;
+  weft__bufring_free(io);
 }
 
 void weft__uring_submit(struct weft__io *io) {
@@ -155,6 +164,8 @@ void weft__uring_reap(struct weft__io *io) {
   if (IO_URING_READ_ONCE(*ring->sq.kflags) &
       (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW))
     io_uring_get_events(ring); /* run task work, flush overflow */
+  if (io->br)
+    weft__bufring_drain(io);
   unsigned head, n = 0;
   struct io_uring_cqe *cqe;
   uint64_t events = 0;
@@ -166,7 +177,10 @@ void weft__uring_reap(struct weft__io *io) {
         io->wake_armed = false; /* the poll ended: arm it again */
       continue;
     }
-    weft__sock_completed(io->sh, ud, cqe->res);
+    if ((ud & WEFT_OP_MASK) == WEFT_OP_RECVM)
+      weft__sock_recvm(io, ud, cqe->res, cqe->flags);
+    else if (ud != WEFT_UD_QUIET)
+      weft__sock_completed(io->sh, ud, cqe->res);
     events++;
   }
   if (n)

@@ -461,6 +461,8 @@ int weft_rt_stats(weft_rt *rt, weft_stats *out) {
   weft__blocking_stats(rt, out);
   out->total.timers_fired += weft__load(&rt->foreign_timers_fired, WA_RLX);
   out->tcp_live = weft__load(&rt->tcp_live, WA_RLX);
+  out->recv_nobufs = weft__load(&rt->recv_nobufs, WA_RLX);
+  weft__io_stats(rt, out);
   return 0;
 }
 

@@ -1,14 +1,15 @@
 /*
  * tcp.c - TCP connections: creation, the per-socket event word and its
- * strand handler, read, write (queue, partial sends, backpressure),
- * connect with timeout, half-close, close, and the registry that the
- * shutdown sweep walks (options and addresses: tcp_opt.c). Owns struct
- * weft__sock (tcp.h has the event protocol) except what is specific to
- * listeners (listen.c).
+ * strand handler, write (queue, partial sends, backpressure), connect
+ * with timeout, half-close, close, and the registry that the shutdown
+ * sweep walks (receiving: tcp_recv.c; options and addresses: tcp_opt.c).
+ * Owns struct weft__sock (tcp.h has the event protocol) except what is
+ * specific to listeners (listen.c).
  *
- * Everything but `ev` is touched only on the socket's strand, so a
- * connection needs no lock: operations started on the strand, completions
- * delivered to it. With io_uring, at most one receive and one send of a
+ * Everything but `ev` (and what the io_uring reaper shares with the strand
+ * for a multishot receive: tcp_recv.c) is touched only on the socket's
+ * strand, so a connection needs no lock: operations started on the strand,
+ * completions delivered to it. With io_uring, at most one receive and one send of a
  * socket are in the kernel at a time (user_data: the socket, tagged), and
  * the socket is freed only after both have completed, so the kernel is done
  * with every buffer before any callback says so. Closing with operations in
@@ -448,69 +449,6 @@ static void send_completed(struct weft__sock *s) {
   write_failed(s, s->state == ST_CLOSING ? -ECANCELED : res);
 }
 
-/* ---- receiving -------------------------------------------------------------
- */
-
-static void read_complete(struct weft__sock *s, long n) {
-  s->reading = false;
-  weft_read_fn fn = s->rfn;
-  s->rfn = NULL;
-  fn(s->rarg, (weft_tcp *)s, n);
-}
-
-static void recv_submit(struct weft__sock *s) {
-  struct weft__shard *sh = weft__local_begin(s->rt);
-  struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
-  if (sqe) {
-    io_uring_prep_recv(sqe, s->fd, s->rbuf, s->rlen, 0);
-    /* After a receive that drained the socket (a request answered, the
-     * next not sent yet) the kernel's first try would fail: wait for data
-     * first (5.19; -EINVAL before, then never again). */
-    s->rd_pollfirst = s->rd_short && !weft__load(&s->rt->no_poll_first, WA_RLX);
-    if (s->rd_pollfirst)
-      sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
-    io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
-    s->rd_inflight = true;
-  }
-  weft__local_end(sh);
-  if (!sqe)
-    weft__sock_kick(s);
-}
-
-/* epoll: try the pending read if the socket may have data. */
-static void recv_now(struct weft__sock *s) {
-  while (s->reading && s->readable) {
-    ssize_t n = recv(s->fd, s->rbuf, s->rlen, MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      s->readable = false;
-      return;
-    }
-    /* A short read emptied the buffer: wait for the next edge. Not after
-     * a hang-up: its edge came with the data, and no other will come. */
-    if (n > 0 && (size_t)n < s->rlen && !s->hup)
-      s->readable = false;
-    read_complete(s, n < 0 ? -errno : n);
-  }
-}
-
-static void recv_completed(struct weft__sock *s) {
-  s->rd_inflight = false;
-  int res = s->rres;
-  s->rd_short = res > 0 && (size_t)res < s->rlen;
-  if (res == -EINVAL && s->rd_pollfirst)
-    weft__store(&s->rt->no_poll_first, 1, WA_RLX);
-  if (s->state == ST_CLOSING) {
-    read_complete(s, -ECANCELED);
-  } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED ||
-             (res == -EINVAL && s->rd_pollfirst)) {
-    recv_submit(s); /* -ECANCELED: its submitter exited (io_uring.c) */
-  } else {
-    read_complete(s, res);
-  }
-}
-
 /* ---- connecting ------------------------------------------------------------
  */
 
@@ -599,8 +537,9 @@ static void connect_check(struct weft__sock *s) {
 /* ---- closing ------------------------------------------------------------- */
 
 static void close_finish(struct weft__sock *s) {
-  if (s->state != ST_CLOSING || s->rd_inflight || s->wr_inflight)
+  if (s->state != ST_CLOSING || weft__recv_busy(s) || s->wr_inflight)
     return;
+  weft__recv_release(s);
   if (s->timer) {
     weft_timer_destroy(s->timer);
     s->timer = NULL;
@@ -618,12 +557,12 @@ static void close_begin(struct weft__sock *s) {
     setsockopt(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
   }
   /* Wakes every operation on the socket in every ring: each completes. */
-  if (s->rd_inflight || s->wr_inflight)
+  weft__recv_closing(s);
+  if (weft__recv_busy(s) || s->wr_inflight)
     shutdown(s->fd, SHUT_RDWR);
   if (s->cfn && !s->rd_inflight)
     connect_done(s, -ECANCELED);
-  if (s->reading && !s->rd_inflight)
-    read_complete(s, -ECANCELED);
+  weft__recv_cancel(s);
 }
 
 /* ---- the strand handler ----------------------------------------------------
@@ -656,9 +595,11 @@ static void conn_run(struct weft__sock *s, uint32_t bits) {
       connect_done(s,
                    s->state == ST_CLOSING && !s->timed_out ? -ECANCELED : res);
     } else {
-      recv_completed(s);
+      weft__recv_completed(s);
     }
   }
+  if (bits & EV_RMEND)
+    weft__recv_ended(s);
   if (bits & EV_WDONE)
     send_completed(s);
   if (bits & EV_IN)
@@ -675,10 +616,7 @@ static void conn_run(struct weft__sock *s, uint32_t bits) {
   if (bits & (EV_CLOSE | EV_SHUTDOWN))
     close_begin(s);
   if (s->state == ST_OPEN) {
-    if (s->rt->backend == WEFT_BACKEND_EPOLL)
-      recv_now(s);
-    else if (s->reading && !s->rd_inflight)
-      recv_submit(s); /* it could not be submitted before: kicked */
+    weft__recv_run(s);
     pump_writes(s);
   }
   if (s->state == ST_CLOSING) {
@@ -776,10 +714,7 @@ int weft_tcp_read(weft_tcp *c, void *buf, size_t len, weft_read_fn fn,
   s->rlen = len < READ_MAX ? len : READ_MAX;
   s->rfn = fn;
   s->rarg = arg;
-  if (s->rt->backend == WEFT_BACKEND_URING)
-    recv_submit(s);
-  else if (s->readable)
-    weft__sock_kick(s); /* read in the handler, not in this call */
+  weft__recv_start(s);
   return 0;
 }
 

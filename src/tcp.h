@@ -2,12 +2,14 @@
  * tcp.h - the socket object shared by connections (tcp.c) and listeners
  * (listen.c). Internal.
  *
- * A socket's state is touched only on its strand, with one exception: the
+ * A socket's state is touched only on its strand, with two exceptions: the
  * event word `ev`, which the backends' reapers, weft_tcp_close from other
- * threads and the shutdown sweep update by CAS. ev packs the socket's
- * generation (high 32 bits) and event bits (low 32 bits), one of which,
- * EV_QUEUED, says that one of the socket's two embedded nodes is queued on
- * its strand. The protocol (bit-test-and-set, writing only on change):
+ * threads and the shutdown sweep update by CAS, and the fields of io_uring's
+ * multishot receive that its reaper writes or reads (rin, rheld, mcancel,
+ * mclosing, m_armer, mres: tcp_recv.c has their argument). ev packs the
+ * socket's generation (high 32 bits) and event bits (low 32 bits), one of
+ * which, EV_QUEUED, says that one of the socket's two embedded nodes is queued
+ * on its strand. The protocol (bit-test-and-set, writing only on change):
  *   signal:  CAS ev: cur -> cur | bits | EV_QUEUED, unless the generation
  *            differs (a stale epoll event: dropped) or every bit is already
  *            set with EV_QUEUED (nothing changes: no write at all). The
@@ -49,6 +51,8 @@
 #define EV_ACCEPTED (1u << 8) /* deliver the accept callback */
 #define EV_CONNECT (1u << 9)  /* start connecting */
 #define EV_HUP (1u << 10)     /* epoll: peer closed its side, or an error */
+#define EV_RDATA (1u << 11)   /* uring: a multishot receive pushed data */
+#define EV_RMEND (1u << 12)   /* uring: a multishot receive ended */
 #define EV_LOW 0xffffffffull
 
 /* a tag for events that need no generation check */
@@ -105,6 +109,18 @@ struct weft__sock {
   size_t rlen;
   weft_read_fn rfn;
   void *rarg;
+  /* uring's multishot receive (tcp_recv.c): rd_multi while one is in the
+   * kernel; rq: buffers taken from rin, unread; rd_term: end of file or
+   * error to deliver once rq is read (rd_term_set) */
+  bool rd_multi, rd_nobufs, rd_term_set, in_pump;
+  int32_t mres; /* its end, written by the reaper before EV_RMEND */
+  int32_t rd_term;
+  struct weft__rbuf *rq_head, *rq_tail;
+  _Atomic(struct weft__rbuf *) rin;       /* pushed by the reaper */
+  _Atomic uint32_t rheld;                 /* pushed and not yet handed back */
+  _Atomic uint32_t mcancel;               /* the reaper asked to cancel it */
+  _Atomic uint32_t mclosing;              /* the socket closes: cancel it */
+  _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
   /* writes: queue, completed ones (callbacks due), backpressure */
   struct weft__wreq *wq_head, *wq_tail, *done_head, *done_tail;
   struct weft__wreq wr_inline;
@@ -156,6 +172,20 @@ void weft__conn_accepted(struct weft__sock *lsock, int fd);
 int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen);
 int weft__tcp_socket(weft_rt *rt, int family);
 unsigned weft__tcp_home(weft_rt *rt);
+
+/* tcp_recv.c: a read's completion; the receive state machine's steps
+ * from the strand handler (run: when open), weft_tcp_read (start), the
+ * completion of a one-shot (completed) and the end of a multishot (ended);
+ * whether a receive is in the kernel; closing. */
+void weft__recv_done(struct weft__sock *s, long n);
+void weft__recv_run(struct weft__sock *s);
+void weft__recv_start(struct weft__sock *s);
+void weft__recv_completed(struct weft__sock *s);
+void weft__recv_ended(struct weft__sock *s);
+bool weft__recv_busy(const struct weft__sock *s);
+void weft__recv_closing(struct weft__sock *s);
+void weft__recv_cancel(struct weft__sock *s);
+void weft__recv_release(struct weft__sock *s);
 
 /* listen.c */
 void weft__lsock_run(struct weft__sock *s, uint32_t bits);

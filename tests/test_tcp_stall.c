@@ -7,7 +7,7 @@
  * Every connection has read once before the stall, so with io_uring its
  * pending receive was submitted by a thread that is then stuck: its
  * completion still has to reach the spare thread that holds the shard now
- * (io_uring.c: no COOP_TASKRUN).
+ * (io_uring.c, tcp_recv.c: a completion is finished by its submitter).
  */
 #include "testutil.h"
 
