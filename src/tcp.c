@@ -9,8 +9,8 @@
  * Everything but `ev` (and what the io_uring reaper shares with the strand
  * for a multishot receive: tcp_recv.c) is touched only on the socket's
  * strand, so a connection needs no lock: operations started on the strand,
- * completions delivered to it. With io_uring, at most one receive and one send of a
- * socket are in the kernel at a time (user_data: the socket, tagged), and
+ * completions delivered to it. With io_uring, at most one receive and one send
+ * of a socket are in the kernel at a time (user_data: the socket, tagged), and
  * the socket is freed only after both have completed, so the kernel is done
  * with every buffer before any callback says so. Closing with operations in
  * the kernel shuts the socket down (shutdown(2) wakes every waiter on it,

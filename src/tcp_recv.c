@@ -122,7 +122,8 @@ void weft__sock_recvm(struct weft__io *io, uint64_t ud, int32_t res,
      * thread that does. */
     cancel_multishot(io, ud, s, true);
   }
-  weft__sock_signal(io->sh, s, bits, WEFT_GEN_ANY);
+  if (bits)
+    weft__sock_signal(io->sh, s, bits, WEFT_GEN_ANY);
 }
 
 /* ---- the strand's side ----------------------------------------------------

@@ -152,6 +152,16 @@ static uint64_t hog_fill(int fd, uint32_t id) {
   return sent;
 }
 
+/* Peers from..to-1: connected, filled, at end of file. */
+static void connect_hogs(uint16_t port, uint32_t from, uint32_t to, int *fds,
+                         uint64_t *sent) {
+  for (uint32_t i = from; i < to; i++) {
+    fds[i] = tu_sock_connect(port, 0, SMALL_BUF);
+    assert_true(fds[i] >= 0);
+    sent[i] = hog_fill(fds[i], i);
+  }
+}
+
 static weft_stats stats(weft_rt *rt) {
   weft_stats st;
   memset(&st, 0, sizeof st);
@@ -199,11 +209,7 @@ static void test_recv_unread(void **state) {
   static int fds[HOGS];
   static uint64_t sent[HOGS];
   tu_phase("a few unread connections");
-  for (uint32_t i = 0; i < HOGS_FEW; i++) {
-    fds[i] = tu_sock_connect(port, 0, SMALL_BUF);
-    assert_true(fds[i] >= 0);
-    sent[i] = hog_fill(fds[i], i);
-  }
+  connect_hogs(port, 0, HOGS_FEW, fds, sent);
   tu_event_wait(&g_hello, HOGS_FEW, "the hellos of the first connections");
   uint64_t held = held_max(rt);
   print_message("[ INFO     ] %d unread connections hold at most %" PRIu64
@@ -214,11 +220,7 @@ static void test_recv_unread(void **state) {
     assert_int_equal(held, 0);
 
   tu_phase("more unread connections than the rings hold");
-  for (uint32_t i = HOGS_FEW; i < HOGS; i++) {
-    fds[i] = tu_sock_connect(port, 0, SMALL_BUF);
-    assert_true(fds[i] >= 0);
-    sent[i] = hog_fill(fds[i], i);
-  }
+  connect_hogs(port, HOGS_FEW, HOGS, fds, sent);
   tu_event_wait(&g_hello, HOGS, "the hellos of every unread connection");
   weft_stats st = stats(rt);
   print_message("[ INFO     ] %d unread connections: %" PRIu64
