@@ -23,6 +23,7 @@ struct econn {
 static tu_count g_closed;
 static atomic_bool g_echo_done;
 static tu_count g_stuck_returned;
+static tu_count g_stuck_entered;
 
 static void on_closed(void *arg, weft_tcp *c) {
   (void)c;
@@ -62,6 +63,7 @@ static int g_pipe[2]; /* written when the echoes are done */
 static void stuck(void *arg) {
   bool spin = arg != NULL;
   uint64_t end = tu_deadline_ns(TU_WAIT_S);
+  atomic_fetch_add(&g_stuck_entered, 1);
   if (!spin) {
     struct pollfd p = {.fd = g_pipe[0], .events = POLLIN};
     while (!atomic_load(&g_echo_done) && tu_now_ns() < end)
@@ -89,6 +91,7 @@ static void run(bool spin) {
   atomic_store(&g_closed, 0);
   atomic_store(&g_echo_done, false);
   atomic_store(&g_stuck_returned, 0);
+  atomic_store(&g_stuck_entered, 0);
   assert_int_equal(pipe(g_pipe), 0);
   weft_listener *l;
   uint16_t port = tu_tcp_listen(rt, NULL, on_accept, NULL, &l);
@@ -106,6 +109,10 @@ static void run(bool spin) {
     tu_strand_create(rt, &s[i]);
     assert_int_equal(weft_post(s[i], stuck, spin ? (void *)1 : NULL), 0);
   }
+  /* Both running before the first echo: otherwise a worker that has not
+   * taken its stuck handler yet could serve every echo, with no handoff
+   * (seen under ASan once the receive got faster). */
+  tu_wait_count(&g_stuck_entered, WORKERS, "every stuck handler to start");
   for (int r = 0; r < ROUNDS; r++)
     echo_round(fds, r);
   /* The stuck handlers return only after this: every round above
