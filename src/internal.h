@@ -232,6 +232,18 @@ struct weft__rbuf {
   uint16_t bid;
 };
 
+/* Pushes b on a stack of buffers that a consumer takes whole, with one
+ * exchange (acquire): release, so that b's fields written before the push
+ * are seen by the taker. Nothing pops single nodes, so there is no ABA. */
+static inline void weft__rbuf_push(_Atomic(struct weft__rbuf *) *top,
+                                   struct weft__rbuf *b) {
+  struct weft__rbuf *head = atomic_load_explicit(top, memory_order_relaxed);
+  do
+    b->next = head;
+  while (!atomic_compare_exchange_weak_explicit(
+      top, &head, b, memory_order_release, memory_order_relaxed));
+}
+
 #define WEFT_RBUF_COUNT 128u /* a power of two */
 #define WEFT_RBUF_SIZE 4096u
 

@@ -121,10 +121,7 @@ void weft__bufring_put(weft_rt *rt, struct weft__rbuf *b) {
     weft__stat_add(&io->st_rbuf_in, 1);
   } else {
     weft__fetch_add(&io->st_rbuf_ret, 1, WA_RLX);
-    struct weft__rbuf *head = weft__load(&io->rbuf_ret, WA_RLX);
-    do
-      b->next = head;
-    while (!weft__cas(&io->rbuf_ret, &head, b, WA_REL, WA_RLX));
+    weft__rbuf_push(&io->rbuf_ret, b);
   }
   weft__local_end(sh);
 }

@@ -101,10 +101,7 @@ void weft__sock_recvm(struct weft__io *io, uint64_t ud, int32_t res,
       b->off = 0;
       /* before the push: the strand's decrement follows its take */
       held = weft__fetch_add(&s->rheld, 1, WA_RLX) + 1;
-      struct weft__rbuf *head = weft__load(&s->rin, WA_RLX);
-      do
-        b->next = head;
-      while (!weft__cas(&s->rin, &head, b, WA_REL, WA_RLX));
+      weft__rbuf_push(&s->rin, b);
       bits |= EV_RDATA;
     } else if (b) {
       weft__bufring_give(io, b); /* no data in it: straight back */
