@@ -620,7 +620,6 @@ bool weft__to_searching(weft_rt *rt, struct weft__thread *t);
 void weft__from_searching(weft_rt *rt, struct weft__thread *t);
 /* Parks t until woken; returns false when the runtime is done. */
 bool weft__park(weft_rt *rt, struct weft__thread *t);
-void weft__wake_all_done(weft_rt *rt);
 void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected);
 /* Waits until *addr != expected or CLOCK_MONOTONIC reaches deadline_ns. */
 void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,

@@ -23,12 +23,14 @@
  *
  * Shutdown completes when closing is set, every thread is parked, the
  * inject queue is empty, no post from outside is in progress, no thread
- * that lost its shard is still inside its handler and no blocking job is
- * unfinished. All parked
- * implies all run queues empty: a thread parks only with its own ring
- * empty, and only its owner pushes to a ring. The last thread to park checks
- * this; a post from outside, a stuck handler or a blocking job that was in
- * progress pokes a sleeper when it ends, which parks again and checks.
+ * that lost its shard is still inside its handler, no blocking job is
+ * unfinished and no socket is open. All parked implies all run queues
+ * empty: a thread parks only with its own ring empty, and only its owner
+ * pushes to a ring. The last thread to park checks this under idle.lock,
+ * which freezes the unparked count (shutdown_complete_locked says why the
+ * order of its reads matters); a post from outside, a stuck handler or a
+ * blocking job that was in progress pokes a sleeper when it ends, which
+ * parks again and checks.
  */
 #include "internal.h"
 
@@ -220,34 +222,54 @@ static void wake_done_share(weft_rt *rt) {
   }
 }
 
-void weft__wake_all_done(weft_rt *rt) {
+/* Whether the shutdown has finished; idle.lock held, state_after is the
+ * caller's own park decrement. The facts checked must hold at one moment,
+ * and they are read one after another; this is why that is enough.
+ *  - The unparked count changes only under idle.lock (a park, a wake, a
+ *    sleeper leaving by itself), so while we hold it, 0 stays 0: no thread
+ *    runs a handler, takes from the inject queue or pushes to a ring, and
+ *    the rings are empty (a thread parks only with its own ring empty).
+ *  - What is left are producers outside the run loop: posts from outside
+ *    (foreign_inflight), handlers on threads that lost their shard
+ *    (lost_inflight), blocking jobs, open sockets. Each pushes its work
+ *    before it stops counting itself, and a producer that hands its work
+ *    on to another kind counts the other before it stops (a post from
+ *    outside that submits a job, a lost handler that posts). So the
+ *    counters are read in that order, foreign first, and the inject queue
+ *    last: a counter read as 0 was decremented after its pushes, which the
+ *    later seq_cst load of len then sees, and nobody can have taken them.
+ *  - closing is read first: a post from outside that counts itself after
+ *    our read of foreign_inflight then reads closing as 1 and backs out.
+ * Reading len first was the bug test_shutdown once hit under TSan: len
+ * read 0, a lost handler pushed its strand, woke a sleeper and left, then
+ * lost_inflight read 0, and that sleeper ran the strand after done. */
+static bool shutdown_complete_locked(weft_rt *rt, uint64_t state_after) {
+  return weft__load(&rt->closing, WA_SC) && unparked_of(state_after) == 0 &&
+         weft__load(&rt->foreign_inflight, WA_SC) == 0 &&
+         weft__load(&rt->lost_inflight, WA_SC) == 0 &&
+         weft__load(&rt->blocking_inflight, WA_SC) == 0 &&
+         weft__load(&rt->tcp_open, WA_SC) == 0 &&
+         weft__load(&rt->inject.len, WA_SC) <= 0;
+}
+
+/* Declares the runtime done; idle.lock held, shutdown_complete_locked
+ * true. Once done is set under the lock, a later waker finds no sleeper
+ * and a later parker returns at once: done is declared once. */
+static void declare_done_locked(weft_rt *rt) {
   struct weft__idle *idle = &rt->idle;
-  pthread_mutex_lock(&idle->lock);
-  /* Declared already: two parkers can both see a zero count (each from
-   * its own decrement, checked after the lock), and a second freeze would
-   * set done_n to the emptied list's 0 under the first one's claimers. */
-  if (weft__load(&rt->done, WA_RLX)) {
-    pthread_mutex_unlock(&idle->lock);
-    return;
-  }
   idle->done_n = idle->nsleepers;
   idle->nsleepers = 0;
   weft__store(&rt->done, 1, WA_SC);
-  pthread_mutex_unlock(&idle->lock);
+}
+
+/* After declare_done_locked, with the lock released: wakes whoever waits
+ * for the end, the spares, and the sleepers. */
+static void wake_all_done(weft_rt *rt) {
   pthread_mutex_lock(&rt->life_lock);
   pthread_cond_broadcast(&rt->life_cond);
   pthread_mutex_unlock(&rt->life_lock);
   weft__spares_wake_all(rt);
   wake_done_share(rt);
-}
-
-static bool shutdown_complete(weft_rt *rt, uint64_t state_after) {
-  return weft__load(&rt->closing, WA_SC) && unparked_of(state_after) == 0 &&
-         weft__load(&rt->inject.len, WA_SC) <= 0 &&
-         weft__load(&rt->foreign_inflight, WA_SC) == 0 &&
-         weft__load(&rt->lost_inflight, WA_SC) == 0 &&
-         weft__load(&rt->blocking_inflight, WA_SC) == 0 &&
-         weft__load(&rt->tcp_open, WA_SC) == 0;
 }
 
 /* Removes t from the sleepers if it is still there; lock held. */
@@ -326,16 +348,17 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
   uint64_t dec = UNPARKED_ONE | (was_searching ? 1 : 0);
   uint64_t prev = weft__fetch_sub(&idle->state, dec, WA_SC);
   idle->sleepers[idle->nsleepers++] = t;
+  bool complete = shutdown_complete_locked(rt, prev - dec);
+  if (complete)
+    declare_done_locked(rt);
   pthread_mutex_unlock(&idle->lock);
+  if (complete) {
+    wake_all_done(rt);
+    return false;
+  }
 
   if (was_searching && searching_of(prev) == 1 && work_visible(rt))
     weft__notify_parked(rt);
-  if (shutdown_complete(rt, prev - dec)) {
-    /* Declared once: every thread is parked, so only this one runs here
-     * until it wakes the others. */
-    weft__wake_all_done(rt);
-    return false;
-  }
   if (!sleep_until_woken(rt, t))
     return true; /* left the sleepers itself: a timer is due */
   weft__store(&t->wake, 0, WA_RLX);
