@@ -213,9 +213,19 @@ static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
   if (weft__load(&t->hstate, WA_SC) != hs) {
     uint32_t one = 1;
     if (weft__cas(&t->taken, &one, 0, WA_AR, WA_ACQ)) {
+      /* T moved on, and may have parked since: if the runtime is done,
+       * weft__spares_wake_all ran while sp was out of the list and will
+       * not run again, so sp is woken here to exit (it has no shard).
+       * done is read under spare_lock, which spares_wake_all holds. */
       pthread_mutex_lock(&rt->spare_lock);
-      rt->spares[rt->nspares++] = sp;
+      bool done = weft__load(&rt->done, WA_ACQ);
+      if (!done)
+        rt->spares[rt->nspares++] = sp;
       pthread_mutex_unlock(&rt->spare_lock);
+      if (done) {
+        weft__store(&sp->wake, 1, WA_REL);
+        weft__futex_wake(&sp->wake, 1);
+      }
       return 0;
     }
   }
