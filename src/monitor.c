@@ -157,18 +157,14 @@ bool weft__spare_wait(struct weft__thread *t) {
           return false; /* idle for long, and not the last spare: exit */
         }
       }
-      bool popped = true;
-      for (unsigned i = 0; i < rt->nspares; i++)
-        popped = popped && rt->spares[i] != t;
       pthread_mutex_unlock(&rt->spare_lock);
-      /* The last spare stays; a popped one waits for its waker's 1. */
-      deadline = popped ? UINT64_MAX : weft__now_ns() + SPARE_IDLE_NS;
+      /* The last spare stays; so does one popped by a handoff, which
+       * waits for its waker's 1, but on a deadline still: a handoff that
+       * gives up puts it back, and it must idle out from there. */
+      deadline = weft__now_ns() + SPARE_IDLE_NS;
       continue;
     }
-    if (deadline == UINT64_MAX)
-      weft__futex_wait(&t->wake, w);
-    else
-      weft__futex_wait_until(&t->wake, w, deadline);
+    weft__futex_wait_until(&t->wake, w, deadline);
   }
   weft__store(&t->wake, 0, WA_RLX);
   if (weft__load(&rt->done, WA_ACQ) || !t->shard) {
@@ -196,7 +192,24 @@ void weft__lost_done(weft_rt *rt) {
 
 /* ---- handoff and reports ------------------------------------------------ */
 
-/* 1: handed off; 0: T moved on meanwhile (nothing to do); -1: no spare. */
+/* Puts back a spare that a handoff took and did not use. If the runtime is
+ * done, weft__spares_wake_all ran while sp was out of the list and will
+ * not run again, so sp is woken to exit instead (it has no shard). done is
+ * read under spare_lock, which spares_wake_all holds. */
+static void spare_put_back(weft_rt *rt, struct weft__thread *sp) {
+  pthread_mutex_lock(&rt->spare_lock);
+  bool done = weft__load(&rt->done, WA_ACQ);
+  if (!done)
+    rt->spares[rt->nspares++] = sp;
+  pthread_mutex_unlock(&rt->spare_lock);
+  if (done) {
+    weft__store(&sp->wake, 1, WA_REL);
+    weft__futex_wake(&sp->wake, 1);
+  }
+}
+
+/* 1: handed off; 0: T moved on meanwhile (nothing to do); -1: no spare, or
+ * no barrier. */
 static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
                    uint64_t hs) {
   pthread_mutex_lock(&rt->spare_lock);
@@ -207,26 +220,20 @@ static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
     return -1;
   }
   weft__store(&t->taken, 1, WA_SC);
+  bool fenced = true;
 #ifndef WEFT_TSAN
-  syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+  /* It can fail after registration (ENOMEM for its CPU mask): without the
+   * barrier, "still IN" proves nothing, so give up unless T has already
+   * taken the loss itself (the CAS below then fails on its 2). */
+  fenced = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
 #endif
-  if (weft__load(&t->hstate, WA_SC) != hs) {
+  if (!fenced || weft__load(&t->hstate, WA_SC) != hs) {
     uint32_t one = 1;
     if (weft__cas(&t->taken, &one, 0, WA_AR, WA_ACQ)) {
-      /* T moved on, and may have parked since: if the runtime is done,
-       * weft__spares_wake_all ran while sp was out of the list and will
-       * not run again, so sp is woken here to exit (it has no shard).
-       * done is read under spare_lock, which spares_wake_all holds. */
-      pthread_mutex_lock(&rt->spare_lock);
-      bool done = weft__load(&rt->done, WA_ACQ);
-      if (!done)
-        rt->spares[rt->nspares++] = sp;
-      pthread_mutex_unlock(&rt->spare_lock);
-      if (done) {
-        weft__store(&sp->wake, 1, WA_REL);
-        weft__futex_wake(&sp->wake, 1);
-      }
-      return 0;
+      /* T never knew. It may have moved on and parked since, and the
+       * runtime may be done: spare_put_back. */
+      spare_put_back(rt, sp);
+      return fenced ? 0 : -1;
     }
   }
   /* Committed: T will not touch sh again. */
