@@ -247,8 +247,10 @@ int main(int argc, char **argv) {
            ms, asio_med, asio_max, threads);
   printf("{\"bench\":\"first_timer\",\"runs\":%d,\"ms\":%u,\"threads\":%u,"
          "\"late_median_us\":%.2f,\"late_max_us\":%.2f,"
+         "\"create_median_us\":%.1f,\"create_max_us\":%.1f,"
          "\"floor_median_us\":%.2f,\"floor_max_us\":%.2f",
-         runs, ms, threads, late_med, late_max, flo_med, flo_max);
+         runs, ms, threads, late_med, late_max, create_med, create_max, flo_med,
+         flo_max);
   if (have_asio)
     printf(",\"asio_late_median_us\":%.2f,\"asio_late_max_us\":%.2f", asio_med,
            asio_max);

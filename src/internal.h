@@ -501,6 +501,7 @@ struct weft_rt {
   struct weft__monitor *monitor;
   struct weft__blocking *blocking;
   uint64_t stall_ns;
+  bool membarrier_ok; /* registered in create, before our threads */
   weft_stall_fn on_stall;
   void *on_stall_ctx;
 };
@@ -567,6 +568,8 @@ static inline struct weft__shard *weft__handler_leave(struct weft__thread *t) {
 }
 
 /* Monitor and spares (monitor.c). */
+/* MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED; whether handoffs may use it. */
+bool weft__membarrier_register(void);
 int weft__monitor_start(weft_rt *rt);
 int weft__spare_prestart(weft_rt *rt);
 /* Tells the monitor thread to exit; stop joins it and frees its state,

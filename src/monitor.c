@@ -26,8 +26,9 @@
  * taken before it touches the shard again, and if T already moved on, the
  * CAS decides between them. T pays two plain stores per handler; the
  * monitor pays one membarrier per stall. The registration for it is done in
- * weft_rt_create, before any thread exists: registering later, with threads
- * running, costs a grace period (shared/context/glommio-first-sleep-*).
+ * weft_rt_create before the runtime starts a thread: with other threads of
+ * the process running, the kernel waits for an RCU grace period first
+ * (shared/context/glommio-first-sleep-*; 9-28 ms here, against 0.4 ms).
  * Without membarrier (old kernel, seccomp) stalls are reported, not handed
  * off. ThreadSanitizer builds use seq_cst stores and loads instead, a
  * correct Dekker protocol on its own that TSan can check.
@@ -63,7 +64,7 @@ struct weft__monitor {
   uint64_t last_print_ns, suppressed;
 };
 
-static bool membarrier_register(void) {
+bool weft__membarrier_register(void) {
   long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
   if (q < 0 || !(q & MEMBARRIER_CMD_PRIVATE_EXPEDITED))
     return false;
@@ -431,7 +432,7 @@ int weft__monitor_start(weft_rt *rt) {
     monitor_free(m);
     return -ENOMEM;
   }
-  bool mb = membarrier_register();
+  bool mb = rt->membarrier_ok;
 #ifdef WEFT_TSAN
   mb = true; /* seq_cst protocol, no membarrier needed */
 #endif

@@ -307,6 +307,12 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     weft__store(&sh->owner, t, WA_RLX);
     prefill(rt, sh);
   }
+  /* Before the first thread of ours exists: with other threads of the
+   * process running, registering costs a grace period (synchronize_rcu,
+   * 2-25 ms on this VM; shared/context/glommio-first-sleep-*). A process
+   * that has threads already pays it here, in create, once. */
+  if (!(c.flags & WEFT_CONFIG_NO_MONITOR))
+    rt->membarrier_ok = weft__membarrier_register();
   /* Rings or epoll sets, eventfds: before any thread can sleep in them. */
   r = weft__io_init(rt, c.backend);
   if (!r)
