@@ -92,12 +92,8 @@ static void on_stall(const weft_stall *st, void *ctx) {
 static uint64_t g_handoffs;
 
 static void run_round(unsigned round, uint64_t *rng) {
-  weft_config cfg;
-  weft_config_init(&cfg);
-  cfg.workers = 1 + round % 2;
-  cfg.on_stall = on_stall;
   weft_rt *rt;
-  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  tu_rt_create_watched(&rt, 1 + round % 2, 0, on_stall, NULL);
   atomic_store(&g_ran, 0);
   atomic_store(&g_cancelled, 0);
   atomic_store(&g_late, 0);
@@ -179,13 +175,8 @@ static void test_done_during_handoff(void **state) {
   unsigned rounds = (unsigned)TU_SCALED(3000, 200);
   tu_phase("shutdown while a handoff may be in progress");
   for (unsigned r = 0; r < rounds; r++) {
-    weft_config cfg;
-    weft_config_init(&cfg);
-    cfg.workers = 1;
-    cfg.stall_threshold_ns = 50000;
-    cfg.on_stall = on_stall;
     weft_rt *rt;
-    tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+    tu_rt_create_watched(&rt, 1, 50000, on_stall, NULL);
     atomic_store(&g_ran, 0);
     uint64_t ns = 100000 + tu_rand(&rng) % 200000;
     tu_assert_rc(weft_post_rt(rt, compute, &ns), 0);

@@ -449,6 +449,31 @@ static inline void tu_rt_create_(const char *file, int line, weft_rt **rtp,
   }
 }
 
+/* Creates a runtime whose stalls go to fn (not to stderr), with the given
+ * workers and stall threshold (0: the default), failing on error. */
+#define tu_rt_create_watched(rtp, workers, stall_ns, fn, ctx)                  \
+  tu_rt_create_watched_(__FILE__, __LINE__, (rtp), (workers), (stall_ns),      \
+                        (fn), (ctx))
+static inline void tu_rt_create_watched_(const char *file, int line,
+                                         weft_rt **rtp, unsigned workers,
+                                         uint64_t stall_ns, weft_stall_fn fn,
+                                         void *ctx) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = workers;
+  cfg.stall_threshold_ns = stall_ns;
+  cfg.on_stall = fn;
+  cfg.on_stall_ctx = ctx;
+  *rtp = NULL;
+  int rc = weft_rt_create(rtp, &cfg);
+  if (rc != 0 || *rtp == NULL) {
+    print_error("weft_rt_create(workers=%u, stall %" PRIu64
+                " ns) failed: %d (%s)\n",
+                workers, stall_ns, rc, weft_strerror(rc));
+    _fail(file, line);
+  }
+}
+
 #define tu_strand_create(rt, sp)                                               \
   do {                                                                         \
     int rc_ = weft_strand_create((rt), (sp));                                  \
