@@ -232,12 +232,14 @@ static void wake_done_share(weft_rt *rt) {
  *  - What is left are producers outside the run loop: posts from outside
  *    (foreign_inflight), handlers on threads that lost their shard
  *    (lost_inflight), blocking jobs, open sockets. Each pushes its work
- *    before it stops counting itself, and a producer that hands its work
- *    on to another kind counts the other before it stops (a post from
- *    outside that submits a job, a lost handler that posts). So the
- *    counters are read in that order, foreign first, and the inject queue
- *    last: a counter read as 0 was decremented after its pushes, which the
- *    later seq_cst load of len then sees, and nobody can have taken them.
+ *    before it stops counting itself, so the inject queue is read last: a
+ *    counter read as 0 was decremented after its pushes, which the later
+ *    seq_cst load of len then sees, and nobody can have taken them. Among
+ *    the counters, one read earlier is either raised by a producer of a
+ *    later one only inside that producer's own count (a lost handler
+ *    that posts from outside), or it raises the later one before it
+ *    drops (weft_blocking from outside counts its job before its post
+ *    ends); either way no work slips between two reads.
  *  - closing is read first: a post from outside that counts itself after
  *    our read of foreign_inflight then reads closing as 1 and backs out.
  * Reading len first was the bug test_shutdown once hit under TSan: len

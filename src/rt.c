@@ -309,7 +309,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
   }
   /* Before the first thread of ours exists: with other threads of the
    * process running, registering costs a grace period (synchronize_rcu,
-   * 2-25 ms on this VM; shared/context/glommio-first-sleep-*). A process
+   * 9-28 ms on this VM; shared/context/glommio-first-sleep-*). A process
    * that has threads already pays it here, in create, once. */
   if (!(c.flags & WEFT_CONFIG_NO_MONITOR))
     rt->membarrier_ok = weft__membarrier_register();
