@@ -28,7 +28,8 @@
  * monitor pays one membarrier per stall. The registration for it is done in
  * weft_rt_create before the runtime starts a thread: with other threads of
  * the process running, the kernel waits for an RCU grace period first
- * (shared/context/glommio-first-sleep-*; 9-28 ms here, against 0.4 ms).
+ * (shared/context/glommio-first-sleep-*; weft_rt_create took a median
+ * 15 ms here for it, against 0.4-0.5 ms).
  * Without membarrier (old kernel, seccomp) stalls are reported, not handed
  * off. ThreadSanitizer builds use seq_cst stores and loads instead, a
  * correct Dekker protocol on its own that TSan can check.
@@ -209,8 +210,9 @@ static void spare_put_back(weft_rt *rt, struct weft__thread *sp) {
   }
 }
 
-/* 1: handed off; 0: T moved on meanwhile (nothing to do); -1: no spare, or
- * no barrier. */
+/* 1: handed off; 0: T moved on meanwhile (nothing to do); -1: not handed
+ * off, for want of a spare or (rarely, ENOMEM) of the barrier: scan tries
+ * again each tick and reports it as "no thread to move its shard to". */
 static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
                    uint64_t hs) {
   pthread_mutex_lock(&rt->spare_lock);

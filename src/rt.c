@@ -218,8 +218,11 @@ static int start_threads(weft_rt *rt, bool monitor) {
   }
   /* Stop the ones that started: nothing was accepted yet. */
   weft__store(&rt->closing, 1, WA_SC);
-  /* Threads that did not start are counted as parked for completion. */
+  /* Threads that did not start are counted as parked for completion,
+   * under idle.lock like every change of the unparked count (park.c). */
+  pthread_mutex_lock(&rt->idle.lock);
   weft__fetch_sub(&rt->idle.state, (uint64_t)(rt->nshards - i) << 32, WA_SC);
+  pthread_mutex_unlock(&rt->idle.lock);
   weft__poke(rt);
   pthread_mutex_lock(&rt->life_lock);
   while (!weft__load(&rt->done, WA_ACQ) && i > 0)
@@ -308,8 +311,9 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     prefill(rt, sh);
   }
   /* Before the first thread of ours exists: with other threads of the
-   * process running, registering costs a grace period (synchronize_rcu,
-   * 9-28 ms on this VM; shared/context/glommio-first-sleep-*). A process
+   * process running, registering costs a grace period (synchronize_rcu:
+   * create took a median 15 ms here, 0.4-0.5 ms without it;
+   * shared/context/glommio-first-sleep-*). A process
    * that has threads already pays it here, in create, once. */
   if (!(c.flags & WEFT_CONFIG_NO_MONITOR))
     rt->membarrier_ok = weft__membarrier_register();

@@ -13,14 +13,19 @@
  * Checked per round: handlers run when the shutdown returned == posts
  * accepted (read once every poster has stopped), no cancel function ran, no
  * handler ran after the shutdown returned, and stats count no cancel.
- * Every other round also has a handler that sleeps past the stall
- * threshold, with more queued behind it on its strand: its shard is handed
+ * Half the rounds (2 and 3 of every 4, so with 1 and with 2 workers) also
+ * have a handler that sleeps past the stall threshold, with more queued
+ * behind it on its strand: its shard is handed
  * off, and when it returns its thread, now outside the runtime, pushes the
  * strand back while the shutdown may be deciding that it is over.
  *
- * The race this guards was found by test_shutdown under ThreadSanitizer in
+ * The race behind it was found by test_shutdown under ThreadSanitizer in
  * CI: a parker read an empty inject queue, a lost handler then pushed its
- * strand and left, and the parker read "nothing in flight".
+ * strand and left, and the parker read "nothing in flight". That window is
+ * two loads wide and this test does not reach it unaided (hundreds of
+ * clean runs on the old code); with a 20 us sleep put between the old
+ * reads it failed in every run. It is a regression net for the drain's
+ * accounting; the fix rests on the argument in park.c.
  *
  * Second test: the shutdown finishes while the monitor is in the middle of
  * a handoff that it then abandons (the stuck handler returned meanwhile).
