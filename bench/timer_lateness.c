@@ -12,8 +12,22 @@
  *  floor: the same timers with no runtime: --threads threads, each owning
  *    every threads-th timer in deadline order, 1 ns timer slack, sleeping to
  *    the next deadline (a) with clock_nanosleep(TIMER_ABSTIME), (b) with an
- *    absolute timerfd and epoll_wait. Each variant runs --seconds / 2; the
- *    floor is the variant with the lower p99. No busy or blocked work.
+ *    absolute timerfd and epoll_wait. Each variant runs --seconds, the
+ *    window weft gets: a maximum is the worst of the machine's hiccups in
+ *    its window, and a window half as long meets fewer of them. The floor
+ *    is the variant with the lower p99. No busy or blocked work.
+ *  vcpu stall: nothing but one thread per CPU, pinned to it, SCHED_FIFO
+ *    (when permitted), 1 ns slack, sleeping to a deadline every 1 ms for
+ *    --seconds; the worst oversleep (vcpu_stall_max_us) and the time spent
+ *    more than 0.5 ms past a deadline (vcpu_stall_ms_per_s). Little in a
+ *    guest keeps a pinned real-time thread from its CPU (interrupts, the
+ *    kernel's own real-time threads, sections with interrupts off), so
+ *    these are mostly gaps where the virtual CPU itself did not run, and
+ *    no scheduler, weft's or the kernel's, fires a timer inside one. The
+ *    guest is idle meanwhile, so the figures include the host's delay in
+ *    waking an idle vCPU. vcpu_stall_rt says whether SCHED_FIFO was
+ *    granted (without it they include the kernel's scheduling too).
+ *    --no-probe skips it.
  *  peers: build/bench/peers/asio_timer_lateness and uv_timer_lateness, run
  *    with the same flags when built (--no-peer skips them).
  *  --no-spin: the runtime with WEFT_CONFIG_NO_TIMER_SPIN, sleeping for
@@ -27,11 +41,13 @@
  * object; ratios are weft's p99 over the other's (below 1: weft is better).
  *   build/bench/timer_lateness [--timers T] [--period-us P] [--seconds S]
  *     [--threads N] [--busy K] [--blocked K] [--no-peer] [--no-spin]
+ *     [--no-probe]
  */
 #include <weft.h>
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -51,7 +67,7 @@
 struct opts {
   unsigned timers, period_us, threads, busy, blocked;
   double seconds;
-  bool peers, spin;
+  bool peers, spin, probe;
 };
 
 /* cpu: CPU time of the whole process per second of the run, in ms (1000:
@@ -310,7 +326,7 @@ static struct result run_floor(const struct opts *o, bool tfd) {
   pthread_t th[WEFT_MAX_WORKERS];
   struct floor_arg a[WEFT_MAX_WORKERS];
   uint64_t t0 = now_ns() + LEAD_NS;
-  samples_init(&s, o, t0, o->seconds / 2);
+  samples_init(&s, o, t0, o->seconds);
   for (unsigned j = 0; j < nt; j++) {
     a[j] = (struct floor_arg){o, &s, t0, j, nt, tfd};
     if (pthread_create(&th[j], NULL, floor_thread, &a[j]))
@@ -325,6 +341,66 @@ static struct result run_floor(const struct opts *o, bool tfd) {
   struct result res = summarize(&s, o->timers, 0);
   res.cpu = cpu;
   return res;
+}
+
+/* ---- vCPU stall probe ---- */
+
+struct probe {
+  double secs;
+  unsigned cpu;
+  bool rt;               /* out: SCHED_FIFO granted */
+  uint64_t max, stalled; /* out: worst oversleep, sum of time past 0.5 ms */
+};
+
+#define PROBE_TICK_NS 1000000ull
+#define PROBE_LATE_NS 500000ull
+
+static void *probe_thread(void *p) {
+  struct probe *a = p;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(a->cpu, &set);
+  pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  struct sched_param sp = {.sched_priority =
+                               sched_get_priority_min(SCHED_FIFO)};
+  a->rt = pthread_setschedparam(pthread_self(), SCHED_FIFO, &sp) == 0;
+  prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+  uint64_t next = now_ns(), end = next + (uint64_t)(a->secs * 1e9);
+  while ((next += PROBE_TICK_NS) < end) {
+    sleep_until(next);
+    uint64_t late = now_ns() - next;
+    if (late > a->max)
+      a->max = late;
+    if (late > PROBE_LATE_NS)
+      a->stalled += late - PROBE_LATE_NS;
+    /* A stall of several ticks counts once: start again from now. */
+    if (late > PROBE_TICK_NS)
+      next = now_ns();
+  }
+  return NULL;
+}
+
+/* Worst vCPU stall over all CPUs, in us; stall time in ms per second. */
+static void run_probe(const struct opts *o, double *max_us, double *ms_per_s,
+                      bool *rt) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  unsigned nc = n <= 0 ? 1 : n > 64 ? 64 : (unsigned)n;
+  pthread_t th[64];
+  struct probe a[64];
+  *max_us = *ms_per_s = 0;
+  *rt = true;
+  for (unsigned c = 0; c < nc; c++) {
+    a[c] = (struct probe){.secs = o->seconds, .cpu = c};
+    if (pthread_create(&th[c], NULL, probe_thread, &a[c]))
+      die("pthread_create", -EAGAIN);
+  }
+  for (unsigned c = 0; c < nc; c++) {
+    pthread_join(th[c], NULL);
+    if (a[c].max / 1e3 > *max_us)
+      *max_us = a[c].max / 1e3;
+    *ms_per_s += a[c].stalled / 1e6 / o->seconds / nc;
+    *rt = *rt && a[c].rt;
+  }
 }
 
 /* ---- peers ---- */
@@ -363,7 +439,7 @@ static struct result run_peer(const struct opts *o, const char *name) {
 static void usage(void) {
   fprintf(stderr, "usage: timer_lateness [--timers T] [--period-us P] "
                   "[--seconds S] [--threads N] [--busy K] [--blocked K] "
-                  "[--no-peer] [--no-spin]\n");
+                  "[--no-peer] [--no-spin] [--no-probe]\n");
   exit(2);
 }
 
@@ -379,10 +455,13 @@ static void parse(int argc, char **argv, struct opts *o) {
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     char *end;
-    bool flag = !strcmp(a, "--no-peer") || !strcmp(a, "--no-spin");
+    bool flag = !strcmp(a, "--no-peer") || !strcmp(a, "--no-spin") ||
+                !strcmp(a, "--no-probe");
     i += !flag; /* the others take a value */
     if (!strcmp(a, "--no-peer"))
       o->peers = false;
+    else if (!strcmp(a, "--no-probe"))
+      o->probe = false;
     else if (!strcmp(a, "--no-spin"))
       o->spin = false;
     else if (!strcmp(a, "--timers"))
@@ -425,12 +504,16 @@ static void emit(const char *name, const char *prefix, const struct result *r) {
 
 int main(int argc, char **argv) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 3,
+  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 3, true,
                    true, true};
   parse(argc, argv, &o);
   struct result w = run_weft(&o), pa = {0}, pu = {0};
   struct result fa = run_floor(&o, false), fb = run_floor(&o, true);
   const struct result *f = fb.ok && (!fa.ok || fb.p99 < fa.p99) ? &fb : &fa;
+  double stall_max = 0, stall_ms = 0;
+  bool stall_rt = false;
+  if (o.probe)
+    run_probe(&o, &stall_max, &stall_ms, &stall_rt);
   if (o.peers) {
     pa = run_peer(&o, "asio_timer_lateness");
     pu = run_peer(&o, "uv_timer_lateness");
@@ -450,6 +533,15 @@ int main(int argc, char **argv) {
            f->p99 > 0 ? w.p99 / f->p99 : 0);
   emit("floor nanosleep", "floor_nanosleep_", &fa);
   emit("floor timerfd", "floor_timerfd_", &fb);
+  if (o.probe) {
+    printf("%-16s %10s %10s %10.2f   (%.2f ms/s stalled%s)\n", "vcpu stall", "",
+           "", stall_max, stall_ms, stall_rt ? "" : ", not SCHED_FIFO");
+    l = strlen(js);
+    snprintf(js + l, sizeof(js) - l,
+             ",\"vcpu_stall_max_us\":%.2f,\"vcpu_stall_ms_per_s\":%.3f,"
+             "\"vcpu_stall_rt\":%s",
+             stall_max, stall_ms, stall_rt ? "true" : "false");
+  }
   const char *names[2] = {"asio", "uv"};
   struct result *p[2] = {&pa, &pu};
   for (int i = 0; i < 2; i++) {
