@@ -19,7 +19,8 @@
  *  vcpu stall: nothing but one thread per CPU, pinned to it, SCHED_FIFO
  *    (when permitted), 1 ns slack, sleeping to a deadline every 1 ms for
  *    --seconds; the worst oversleep (vcpu_stall_max_us) and the time spent
- *    more than 0.5 ms past a deadline (vcpu_stall_ms_per_s). Little in a
+ *    more than 0.5 ms past a deadline, per CPU (vcpu_stall_ms_per_s,
+ *    ms per second, the mean of the CPUs). Little in a
  *    guest keeps a pinned real-time thread from its CPU (interrupts, the
  *    kernel's own real-time threads, sections with interrupts off), so
  *    these are mostly gaps where the virtual CPU itself did not run, and
