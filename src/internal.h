@@ -156,10 +156,10 @@ struct weft__shard;
  * slot is one tick of 2^10 ns, each level 64 times the one below, about 19.5
  * hours in all (further deadlines are parked in the last level and cascade
  * again). Slots are circular doubly-linked lists through the timers. All of
- * a shard's wheel and the state of the timers homed there are guarded by the
- * shard's tlock, held only for a few pointer operations, never across a
- * handler; any thread may take it, so a thread other than the shard's may
- * serve its expired timers. */
+ * a shard's wheel and the state of the timers homed there (but the destroyed
+ * bit in weft_timer.owner) are guarded by the shard's tlock, held only for a
+ * few pointer operations, never across a handler; any thread may take it, so a
+ * thread other than the shard's may serve its expired timers. */
 #define WEFT_WHEEL_LEVELS 6
 #define WEFT_WHEEL_SLOTS 64
 #define WEFT_TICK_SHIFT 10
@@ -177,26 +177,35 @@ struct weft__wheel {
 
 enum { WEFT_T_IDLE = 0, WEFT_T_ARMED = 1, WEFT_T_FIRED = 2 };
 
-/* 64 bytes. Fields below `arg` are guarded by the home shard's tlock. */
+/* 64 bytes. All fields but `owner` are guarded by the home shard's tlock. */
 struct weft_timer {
   struct weft__tlist link; /* wheel slot list while ARMED */
   uint64_t deadline;       /* ns */
   uint64_t period;         /* ns, 0: one-shot */
   weft_timer_fn fn;
   void *arg;
-  /* its strand, or its runtime | 1 for a timer without strand */
-  uintptr_t owner;
+  /* its strand, or its runtime | WEFT_T_NOSTRAND; | WEFT_T_DESTROYED once
+   * weft_timer_destroy ran. Set at create; the destroyed bit is set under
+   * tlock and read without it by a firing about to run (timer.c). */
+  _Atomic uintptr_t owner;
   /* state: WEFT_T_*; where: level * 64 + slot while ARMED; inflight: firings
    * queued or running; missed: reported to the next firing. */
-  uint64_t state : 2, destroyed : 1, where : 9, inflight : 16, missed : 32;
+  uint64_t state : 2, where : 9, inflight : 16, missed : 32;
 };
 
+/* owner's low bits: strands and runtimes are aligned to at least 8 bytes */
+#define WEFT_T_NOSTRAND ((uintptr_t)1)
+#define WEFT_T_DESTROYED ((uintptr_t)2)
+#define WEFT_T_OWNER_BITS ((uintptr_t)3)
+
 static inline weft_strand *weft__timer_strand(const struct weft_timer *t) {
-  return (t->owner & 1) ? NULL : (weft_strand *)t->owner;
+  uintptr_t o = weft__load(&t->owner, WA_RLX);
+  return (o & WEFT_T_NOSTRAND) ? NULL : (weft_strand *)(o & ~WEFT_T_OWNER_BITS);
 }
 static inline weft_rt *weft__timer_rt(const struct weft_timer *t) {
-  return (t->owner & 1) ? (weft_rt *)(t->owner & ~(uintptr_t)1)
-                        : ((weft_strand *)t->owner)->rt;
+  uintptr_t o = weft__load(&t->owner, WA_RLX);
+  return (o & WEFT_T_NOSTRAND) ? (weft_rt *)(o & ~WEFT_T_OWNER_BITS)
+                               : ((weft_strand *)(o & ~WEFT_T_OWNER_BITS))->rt;
 }
 
 void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns);
@@ -593,9 +602,11 @@ void weft__blocking_stats(weft_rt *rt, weft_stats *out);
  * address, mapped onto the shards by a multiply-shift instead of a modulo
  * (a division costs more than the rest of a cancel). */
 static inline struct weft__shard *weft__timer_home(struct weft_timer *t) {
-  uintptr_t p = weft__timer_strand(t) ? t->owner : (uintptr_t)t;
+  uintptr_t o = weft__load(&t->owner, WA_RLX);
+  uintptr_t p = (o & WEFT_T_NOSTRAND) ? (uintptr_t)t : o & ~WEFT_T_OWNER_BITS;
   uint32_t h = (uint32_t)((p >> 6) ^ (p >> 38)) * 0x9e3779b1u;
-  weft_rt *rt = weft__timer_rt(t);
+  weft_rt *rt = (o & WEFT_T_NOSTRAND) ? (weft_rt *)(o & ~WEFT_T_OWNER_BITS)
+                                      : ((weft_strand *)p)->rt;
   return &rt->shards[((uint64_t)h * rt->nshards) >> 32];
 }
 

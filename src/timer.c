@@ -5,9 +5,11 @@
  *
  * Home shard: a timer lives in the wheel of the shard its strand's address
  * hashes to (its own address for a timer without strand), fixed for its
- * life, so all its state is guarded by that shard's tlock, and all timers of
- * one strand share a wheel. Firings are queued on the strand while tlock is
- * held, so handlers are queued in the order the wheel yields deadlines.
+ * life, so all its state is guarded by that shard's tlock (but the
+ * destroyed bit, which a firing reads without it: run_firing), and all
+ * timers of one strand share a wheel. Firings are queued on the strand while
+ * tlock is held, so handlers are queued in the order the wheel yields
+ * deadlines.
  * Lock order: a tlock is never held while taking another lock except the
  * pool depot's, and never across a handler.
  *
@@ -285,9 +287,9 @@ int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
   t->deadline = t->period = 0;
   t->fn = NULL;
   t->arg = NULL;
-  t->owner = s ? (uintptr_t)s : (uintptr_t)rt | 1;
+  weft__store(&t->owner, s ? (uintptr_t)s : (uintptr_t)rt | WEFT_T_NOSTRAND,
+              WA_RLX);
   t->state = WEFT_T_IDLE;
-  t->destroyed = 0;
   t->where = 0;
   t->inflight = 0;
   t->missed = 0;
@@ -306,7 +308,7 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
                         struct weft__shard *local, uint64_t deadline_ns,
                         uint64_t period_ns, weft_timer_fn fn, void *arg,
                         uint64_t now) {
-  if (t->destroyed)
+  if (weft__load(&t->owner, WA_RLX) & WEFT_T_DESTROYED)
     return -EBADF;
   if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ))
     return -ESHUTDOWN;
@@ -394,7 +396,7 @@ void weft_timer_destroy(weft_timer *t) {
   if (t->state == WEFT_T_ARMED)
     wheel_remove(&home->wheel, t);
   t->state = WEFT_T_IDLE;
-  t->destroyed = 1;
+  weft__fetch_or(&t->owner, WEFT_T_DESTROYED, WA_RLX);
   bool now = t->inflight == 0;
   weft__unlock(&home->tlock);
   if (now)
@@ -438,7 +440,8 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
   } else if (t->state == WEFT_T_FIRED && t->inflight == 0) {
     t->state = WEFT_T_IDLE;
   }
-  *free_it = t->destroyed && t->inflight == 0;
+  *free_it =
+      (weft__load(&t->owner, WA_RLX) & WEFT_T_DESTROYED) && t->inflight == 0;
   weft__unlock(&home->tlock);
   return cancelled;
 }
@@ -448,10 +451,13 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
 static void run_firing(struct firing *f, bool cancel) {
   weft_timer *t = f->t;
   weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
-  struct weft__shard *home = weft__timer_home(t);
-  weft__lock(&home->tlock);
-  bool skip = t->destroyed;
-  weft__unlock(&home->tlock);
+  /* Without tlock: t is alive (this firing counts in inflight) and owner is
+   * atomic. A destroy ordered before this firing (on t's strand, or
+   * waited for) set the bit before this load, and a racing one may or
+   * may not be seen, exactly as when the bit was read under tlock: the
+   * lock ordered nothing more, and a hold fewer per firing is a hold
+   * fewer that a preempted thread can keep other threads out of. */
+  bool skip = weft__load(&t->owner, WA_RLX) & WEFT_T_DESTROYED;
   if (!skip)
     f->fn(f->arg, cancel ? -ECANCELED : 0, cancel ? 0 : f->missed);
   bool free_it;
