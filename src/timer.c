@@ -9,7 +9,9 @@
  * destroyed bit, which a firing reads without it: run_firing), and all
  * timers of one strand share a wheel. Firings are queued on the strand while
  * tlock is held, so handlers are queued in the order the wheel yields
- * deadlines.
+ * deadlines. Per firing, tlock is taken twice: to fire (with the other due
+ * timers) and to settle after the handler; a thread preempted while it
+ * holds tlock keeps every other thread off that wheel, so holds are short.
  * Lock order: a tlock is never held while taking another lock except the
  * pool depot's, and never across a handler.
  *
@@ -69,9 +71,14 @@ static unsigned level_for(uint64_t elapsed, uint64_t when) {
   return significant / LEVEL_BITS;
 }
 
-/* Inserts an ARMED timer whose tick is after w->elapsed. */
+/* Inserts an ARMED timer. Its tick must not be behind w->elapsed: such a
+ * slot would be read as one a whole turn of its level ahead (up to hours),
+ * and the timers cascading through it would wait with it. A deadline the
+ * wheel has passed goes to the current tick's slot, which is due. */
 static void wheel_insert(struct weft__wheel *w, weft_timer *t) {
   uint64_t when = tick_ceil(t->deadline);
+  if (when < w->elapsed)
+    when = w->elapsed;
   unsigned level = level_for(w->elapsed, when);
   unsigned slot = (unsigned)((when >> (level * LEVEL_BITS)) & SLOT_MASK);
   if (level == WEFT_WHEEL_LEVELS - 1 &&
@@ -166,6 +173,7 @@ struct firing {
   weft_timer_fn fn;
   void *arg;
   uint64_t missed;
+  uint64_t period; /* for settle: whether to read the clock before tlock */
 };
 
 _Static_assert(sizeof(struct firing) <= 64, "a firing fits a timer slot");
@@ -195,6 +203,7 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
   f->fn = t->fn;
   f->arg = t->arg;
   f->missed = t->missed;
+  f->period = t->period;
   n->fn = cancel ? tramp_cancel : tramp;
   n->cancel = tramp_cancel;
   n->embedded = 0;
@@ -403,11 +412,29 @@ void weft_timer_destroy(weft_timer *t) {
     obj_free(weft__timer_rt(t), t);
 }
 
+/* The first deadline of t's grid after now, and how many passed unfired
+ * (*missed). start_at checked deadline + period; later sums saturate. */
+static uint64_t next_period(const weft_timer *t, uint64_t now,
+                            uint64_t *missed) {
+  uint64_t next = t->deadline + t->period;
+  uint64_t m = next <= now ? (now - next) / t->period + 1 : 0;
+  *missed = m;
+  if (m && m > (UINT64_MAX - next) / t->period)
+    return UINT64_MAX;
+  return next + m * t->period;
+}
+
 /* After a firing's handler: re-arm a periodic timer, or settle. Returns
- * whether the handler must now be told of a shutdown (-ECANCELED). */
-static bool settle(weft_timer *t, bool ran, bool *free_it) {
+ * whether the handler must now be told of a shutdown (-ECANCELED). A
+ * periodic firing's re-arm needs the clock, read before tlock to keep the
+ * hold short: a deadline that passes between the read and the lock is
+ * then not counted as missed; it fires as soon as its wheel is served,
+ * which is still after the handler returned. */
+static bool settle(const struct firing *f, bool ran, bool *free_it) {
+  weft_timer *t = f->t;
   struct weft__shard *home = weft__timer_home(t);
   bool cancelled = false;
+  uint64_t now = f->period && ran ? weft__now_ns() : 0;
   weft__lock(&home->tlock);
   t->inflight--;
   /* Only the last firing under way re-arms: one that settles while a
@@ -419,13 +446,16 @@ static bool settle(weft_timer *t, bool ran, bool *free_it) {
       t->state = WEFT_T_IDLE;
       cancelled = true;
     } else {
-      /* start_at checked deadline + period; later sums saturate. */
-      uint64_t now = weft__now_ns(), next = t->deadline + t->period;
-      uint64_t missed = next <= now ? (now - next) / t->period + 1 : 0;
-      if (missed && missed > (UINT64_MAX - next) / t->period)
-        next = UINT64_MAX;
-      else
-        next += missed * t->period;
+      /* The clock is unread if this firing was of a one-shot arming and
+       * a restart made t periodic since. */
+      uint64_t missed,
+          next = next_period(t, now ? now : weft__now_ns(), &missed);
+      /* A thread serving the wheel may have moved it past the clock read
+       * before the lock (this one preempted in between): count the
+       * periods missed since, rather than fire a passed one at once. The
+       * wheel never passes a clock read made under tlock. */
+      if (tick_ceil(next) <= home->wheel.elapsed)
+        next = next_period(t, weft__now_ns(), &missed);
       t->deadline = next;
       t->missed = missed > UINT32_MAX ? UINT32_MAX : (uint32_t)missed;
       t->state = WEFT_T_ARMED;
@@ -461,7 +491,7 @@ static void run_firing(struct firing *f, bool cancel) {
   if (!skip)
     f->fn(f->arg, cancel ? -ECANCELED : 0, cancel ? 0 : f->missed);
   bool free_it;
-  if (settle(t, !skip && !cancel, &free_it))
+  if (settle(f, !skip && !cancel, &free_it))
     f->fn(f->arg, -ECANCELED, 0); /* a periodic timer's last call */
   obj_free(rt, f);
   if (free_it)

@@ -30,6 +30,11 @@
  *  - Restarted from its own handler, a periodic timer is re-armed by the
  *    restart's firing when it returns, not by the firing that restarted it
  *    (the firing after a stalled handler reports the stall as missed).
+ *  - Many periodic timers keep firing while two spinning threads compete
+ *    with the workers for the CPUs: every one of them reaches KEEP_FIRINGS
+ *    firings. A re-arm may come after its thread lost the CPU while
+ *    another thread moved the wheel on; a wheel that took such a re-arm for
+ *    a slot a whole turn ahead would hold every timer of its shard.
  *
  * The only times compared are weft_now_ns() readings against deadlines
  * (never early) and against each other (the grid); nothing bounds lateness.
@@ -437,6 +442,72 @@ static void test_restart_from_handler(void **state) {
              STALL_PERIODS, r.f3_missed);
 }
 
+/* ------------------------------------ many timers under CPU contention */
+
+#define KEEP_PERIOD_NS 1000000ull /* 1 ms */
+#define KEEP_FIRINGS 300u
+
+typedef struct keep_ctx {
+  weft_timer *t;
+  weft_strand *s;
+  uint64_t calls; /* on its strand only */
+} keep_ctx;
+
+static tu_count g_keep_reached;
+static atomic_bool g_hog_stop;
+
+static void keep_handler(void *arg, int status, uint64_t missed) {
+  keep_ctx *k = arg;
+  (void)missed;
+  if (status != 0)
+    return; /* the -ECANCELED call at shutdown */
+  if (++k->calls == KEEP_FIRINGS)
+    atomic_fetch_add(&g_keep_reached, 1);
+}
+
+static void *hog_main(void *arg) {
+  (void)arg;
+  while (!atomic_load_explicit(&g_hog_stop, memory_order_relaxed))
+    ;
+  return NULL;
+}
+
+static void test_many_keep_firing(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("many periodic timers under CPU contention");
+  unsigned n = (unsigned)TU_SCALED(1000, 100);
+  weft_rt *rt;
+  tu_rt_create(&rt, 2, 0);
+  keep_ctx *k = calloc(n, sizeof *k);
+  assert_non_null(k);
+  atomic_store(&g_keep_reached, 0);
+  atomic_store(&g_hog_stop, false);
+  pthread_t hog[2];
+  for (int i = 0; i < 2; i++)
+    tu_thread_start(&hog[i], hog_main, NULL);
+  uint64_t d0 = weft_now_ns() + KEEP_PERIOD_NS;
+  for (unsigned i = 0; i < n; i++) {
+    tu_strand_create(rt, &k[i].s);
+    tu_assert_rc(weft_timer_create(rt, k[i].s, &k[i].t), 0);
+    tu_assert_rc(weft_timer_start_at(k[i].t, d0 + i * KEEP_PERIOD_NS / n,
+                                     KEEP_PERIOD_NS, keep_handler, &k[i]),
+                 0);
+  }
+  tu_wait_count(&g_keep_reached, n, "every timer's firings");
+  atomic_store(&g_hog_stop, true);
+  for (int i = 0; i < 2; i++)
+    tu_thread_join(hog[i], "a spinning thread");
+  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  for (unsigned i = 0; i < n; i++) {
+    weft_timer_destroy(k[i].t);
+    weft_strand_release(k[i].s);
+  }
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+  free(k);
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
@@ -446,6 +517,7 @@ int main(void) {
       cmocka_unit_test(test_cancel_idle),
       cmocka_unit_test(test_cancel_queued_firing),
       cmocka_unit_test(test_restart_from_handler),
+      cmocka_unit_test(test_many_keep_firing),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
