@@ -182,6 +182,9 @@ struct firing {
 
 _Static_assert(sizeof(struct firing) <= 64, "a firing fits a timer slot");
 _Static_assert(sizeof(struct weft_timer) == 64, "a timer is 64 bytes");
+_Static_assert(_Alignof(weft_strand) > WEFT_T_OWNER_BITS &&
+                   _Alignof(weft_rt) > WEFT_T_OWNER_BITS,
+               "owner's low bits are free");
 
 /* Fires t (out of the wheel) from `local`; tlock held. On allocation
  * failure the firing is not lost: t is re-armed 1 ms later. */
