@@ -493,7 +493,9 @@ static void run_firing(struct firing *f, bool cancel) {
    * waited for) set the bit before this load, and a racing one may or
    * may not be seen, exactly as when the bit was read under tlock: the
    * lock ordered nothing more, and a hold fewer per firing is a hold
-   * fewer that a preempted thread can keep other threads out of. */
+   * fewer that a preempted thread can keep other threads out of. Relaxed
+   * is enough: nothing is read through the bit, and coherence alone makes
+   * a fetch_or that happens before this load visible to it. */
   bool skip = weft__load(&t->owner, WA_RLX) & WEFT_T_DESTROYED;
   if (!skip)
     f->fn(f->arg, cancel ? -ECANCELED : 0, cancel ? 0 : f->missed);
