@@ -93,8 +93,8 @@ typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
 #define WEFT_BACKEND_NONE 3
 
 typedef struct weft_config {
-  /* Number of shards, each started with its own thread. 0: the number of
-   * CPUs this process may run on (sched_getaffinity). 1..WEFT_MAX_WORKERS. */
+  /* Number of shards, each with its own thread. 0: the number of CPUs
+   * this process may run on (sched_getaffinity). 1..WEFT_MAX_WORKERS. */
   unsigned workers;
   /* Handlers a strand runs in one turn before it requeues itself at the back
    * of the run queue, so a busy strand cannot starve others. 0: 64. */
@@ -142,18 +142,37 @@ typedef struct weft_config {
    * sets it; overflowing hits a guard page. At least 16384. Threads of
    * weft_blocking keep glibc's default. */
   size_t stack_size;
+  /* Shards whose threads weft_rt_create starts. The thread of each other
+   * shard starts the first time it is needed: work is queued and no
+   * started thread is idle to take it, a timer is started on its shard,
+   * or the runtime opens its first socket (which starts them all, since
+   * every shard serves sockets). Such a start costs the call that needs
+   * it one thread creation (10-40 us on a 2-vCPU VM), once per shard, and
+   * the thread then stays until shutdown; a first timer on such a shard
+   * due sooner than that may be late by it. More threads than CPUs help only
+   * handlers that block, so by default the runtime starts one per CPU and
+   * the others when handlers do block. 0: the number of CPUs this process
+   * may run on, at most workers; values above workers mean workers (all
+   * started by weft_rt_create, as a runtime that must never pay a thread
+   * start after it wants). A start that fails (a thread limit) is counted
+   * in weft_stats.thread_start_errors and tried again by the next wakeup;
+   * meanwhile the started threads take the work, and the shard's timers
+   * fire when one of them looks for work. */
+  unsigned eager_workers;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
 WEFT_API void weft_config_init(weft_config *cfg);
 
-/* Creates a runtime and starts its threads and its monitor. cfg may be NULL
- * for defaults.
- * Every one-time cost (threads, queues, pools, timers) is paid here: the
- * first post costs what the millionth does. Sockets are the exception: the
- * kind of backend is decided here (a probe ring, once per process), but
- * the shards' backends are set up by the first weft_tcp_listen or
- * weft_tcp_connect (about 40 us per shard).
+/* Creates a runtime and starts its threads (eager_workers of them) and its
+ * monitor. cfg may be NULL for defaults.
+ * Every other one-time cost (queues, pools, timers) is paid here: the
+ * first post costs what the millionth does. There are two exceptions. The
+ * threads of shards beyond eager_workers start when first needed (see
+ * weft_config.eager_workers). And for sockets, the kind of backend is
+ * decided here (a probe ring, once per process), but the shards' backends
+ * are set up by the first weft_tcp_listen or weft_tcp_connect (about
+ * 40 us per shard).
  * Errors: -EINVAL (rt NULL, a field out of range, unknown flags, a bad
  * WEFT_BACKEND), -ENOMEM, -EAGAIN (a thread could not be started), or the
  * error setting up a forced backend (e.g. -EPERM, -ENOSYS for io_uring).
@@ -525,10 +544,13 @@ typedef struct weft_shard_stats {
 } weft_shard_stats;
 
 typedef struct weft_stats {
-  unsigned shards;        /* number of shards */
-  weft_shard_stats total; /* sum over the shards */
-  uint64_t strands_live;  /* strands created and not yet reclaimed */
-  unsigned threads;       /* threads running for shards, spares included */
+  unsigned shards;              /* number of shards */
+  weft_shard_stats total;       /* sum over the shards */
+  uint64_t strands_live;        /* strands created and not yet reclaimed */
+  unsigned threads;             /* threads running for shards, spares included;
+                                   not the shards' threads not yet started */
+  uint64_t thread_start_errors; /* starts of a shard's thread that failed
+                                   after weft_rt_create (eager_workers) */
   /* Handlers that a thread finished after the monitor had handed its shard
    * to another thread: in total.handlers_run (and total.handlers_cancelled
    * for those cancelled), but in no shard's counters. */

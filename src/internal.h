@@ -392,7 +392,9 @@ struct weft__shard {
 #define WEFT_HS_IN 1u   /* inside a handler: the shard may be taken */
 #define WEFT_HS_BUSY 2u /* inside a handler, using its shard (a post) */
 
-enum { WEFT_TH_FREE = 0, WEFT_TH_LIVE, WEFT_TH_EXITED };
+/* A slot is DORMANT while its shard's thread has not been started yet
+ * (weft_config.eager_workers; park.c's wake_dormant starts it). */
+enum { WEFT_TH_FREE = 0, WEFT_TH_LIVE, WEFT_TH_EXITED, WEFT_TH_DORMANT };
 
 struct weft__thread {
   weft_rt *rt;
@@ -421,7 +423,11 @@ struct weft__thread {
   _Atomic int kernel_tid;
   clockid_t cpu_clock;
   bool cpu_clock_ok;
+  bool lazy;      /* started after weft_rt_create, by a wakeup (park.c) */
   int slot_state; /* WEFT_TH_*, under rt->spare_lock */
+  /* 1 while slot_state is DORMANT: a lock-free hint for wakers, cleared
+   * (release, under spare_lock) once the thread is created */
+  _Atomic uint32_t dormant;
 } WEFT_ALIGNED;
 
 /* Stores of hstate and loads of taken: a release store and a relaxed load
@@ -471,6 +477,7 @@ struct weft_rt {
   unsigned timer_slack_ns;
   unsigned timer_spin_ns;          /* 0: never spin */
   pthread_attr_t thread_attr;      /* stack size of every runtime thread */
+  pthread_attr_t lazy_attr;        /* the same and the creator's CPU affinity */
   int backend;                     /* WEFT_BACKEND_URING, _EPOLL or _NONE */
   struct weft__io *ios;            /* one per shard, NULL for NONE */
   _Atomic uint32_t io_all;         /* every shard's backend is set up */
@@ -495,7 +502,8 @@ struct weft_rt {
   _Atomic uint64_t orphan_handlers_run; /* run by threads after a handoff */
   _Atomic uint64_t orphan_handlers_cancelled;
   _Atomic uint64_t foreign_timers_fired;
-  pthread_mutex_t life_lock; /* guards the fields below */
+  _Atomic uint64_t thread_start_errors; /* lazy starts that failed (park.c) */
+  pthread_mutex_t life_lock;            /* guards the fields below */
   pthread_cond_t life_cond;
   unsigned started; /* threads that reached their loop */
   bool shutdown_called;
@@ -503,6 +511,7 @@ struct weft_rt {
 
   /* threads beyond the shards' own: spares for handoffs (monitor.c) */
   unsigned max_threads;
+  unsigned neager;   /* shards whose threads weft_rt_create starts */
   unsigned nthreads; /* slots in use in threads[] */
   pthread_mutex_t spare_lock;
   unsigned nspares;
@@ -634,6 +643,15 @@ bool weft__to_searching(weft_rt *rt, struct weft__thread *t);
 void weft__from_searching(weft_rt *rt, struct weft__thread *t);
 /* Parks t until woken; returns false when the runtime is done. */
 bool weft__park(weft_rt *rt, struct weft__thread *t);
+/* Puts the dormant threads (shards neager..nshards) in the sleepers, as
+ * if parked; before any thread starts. */
+void weft__idle_add_dormant(weft_rt *rt);
+/* The first step of a lazily started thread: what its park would have
+ * done after its sleep. False: the runtime is done. */
+bool weft__park_resume(weft_rt *rt, struct weft__thread *t);
+/* Creates the thread of a dormant slot (rt.c); spare_lock held. 0 or a
+ * negative errno from pthread_create. */
+int weft__thread_create_dormant(weft_rt *rt, struct weft__thread *t);
 void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected);
 /* Waits until *addr != expected or CLOCK_MONOTONIC reaches deadline_ns. */
 void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,

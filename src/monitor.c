@@ -97,8 +97,8 @@ static bool spawn_spare(weft_rt *rt) {
   struct weft__thread *slot = NULL;
   for (unsigned i = 0; i < rt->nthreads; i++) {
     struct weft__thread *t = &rt->threads[i];
-    if (t->slot_state == WEFT_TH_LIVE)
-      live++;
+    if (t->slot_state == WEFT_TH_LIVE || t->slot_state == WEFT_TH_DORMANT)
+      live++; /* a dormant slot is its shard's: never a spare's */
     else if (!slot)
       slot = t;
   }

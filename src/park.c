@@ -31,12 +31,21 @@
  * order of its reads matters); a post from outside, a stuck handler or a
  * blocking job that was in progress pokes a sleeper when it ends, which
  * parks again and checks.
+ *
+ * Dormant threads. A shard whose thread weft_rt_create did not start
+ * (weft_config.eager_workers) has a DORMANT slot that counts as parked and
+ * sits in the sleepers below every started thread: parkers push on top,
+ * removals keep the order and pops take the top, so a dormant thread is
+ * popped only when no started thread sleeps. Waking it starts it
+ * (wake_dormant), for a pop (work, no sleeper to take it), a kick (a timer
+ * homed on its shard, the first socket), never for a poke or at done.
  */
 #include "internal.h"
 
 #include <errno.h>
 #include <linux/futex.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -65,14 +74,32 @@ void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
           NULL, FUTEX_BITSET_MATCH_ANY);
 }
 
+static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why);
+
+/* why: 1, popped from the sleepers (it counts as unparked and searching),
+ * or 2, kicked; the two wakeups of a started thread. */
+static void wake_started(struct weft__thread *t, uint32_t why) {
+  uint32_t zero = 0;
+  /* seq_cst: against io_sleep in weft__io_wait (io.c's argument) */
+  if (why == 1)
+    weft__store(&t->wake, 1, WA_SC);
+  else if (!weft__cas(&t->wake, &zero, 2, WA_SC, WA_RLX))
+    return; /* woken already */
+  if (!weft__io_wake_thread(t))
+    weft__futex_wake(&t->wake, 1);
+}
+
 void weft__kick(struct weft__shard *sh, uint64_t deadline) {
   struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
-  uint32_t zero = 0;
   /* A thread that is not asleep reads timer_next before it sleeps, and one
-   * asleep until no later than deadline wakes in time: no futex call. */
-  if (t && deadline < weft__load(&t->sleep_until, WA_SC) &&
-      weft__cas(&t->wake, &zero, 2, WA_SC, WA_RLX) && !weft__io_wake_thread(t))
-    weft__futex_wake(&t->wake, 1);
+   * asleep until no later than deadline wakes in time: no futex call. A
+   * dormant one's sleep_until is UINT64_MAX: any kick starts it. */
+  if (!t || deadline >= weft__load(&t->sleep_until, WA_SC))
+    return;
+  if (weft__load(&t->dormant, WA_ACQ))
+    wake_dormant(sh->rt, t, 2);
+  else
+    wake_started(t, 2);
 }
 
 void weft__futex_wake(_Atomic uint32_t *addr, int n) {
@@ -117,24 +144,32 @@ void weft__idle_destroy(struct weft__idle *idle) {
   free(idle->sleepers);
 }
 
-/* seq_cst store: against io_sleep in weft__io_wait (io.c's argument). */
-static void wake_thread(struct weft__thread *t) {
-  weft__store(&t->wake, 1, WA_SC);
-  if (!weft__io_wake_thread(t))
-    weft__futex_wake(&t->wake, 1);
+/* Wakes a thread popped from the sleepers. */
+static void wake_thread(weft_rt *rt, struct weft__thread *t) {
+  if (weft__load(&t->dormant, WA_ACQ))
+    wake_dormant(rt, t, 1);
+  else
+    wake_started(t, 1);
 }
 
-/* Pops a sleeper and counts it unparked and searching; lock held. */
-static struct weft__thread *unpark_one_locked(weft_rt *rt) {
+/* Pops a sleeper and counts it unparked and searching; lock held. A poke
+ * takes no dormant one: a dormant thread on top means that every started
+ * thread is unparked, and each of those checks the shutdown when it
+ * parks (under idle.lock, after the poker's counter dropped). */
+static struct weft__thread *unpark_one_locked(weft_rt *rt, bool for_work) {
   struct weft__idle *idle = &rt->idle;
   if (!idle->nsleepers)
     return NULL;
+  struct weft__thread *t = idle->sleepers[idle->nsleepers - 1];
+  if (!for_work && weft__load(&t->dormant, WA_ACQ))
+    return NULL;
   weft__fetch_add(&idle->state, UNPARKED_ONE | 1, WA_SC);
-  return idle->sleepers[--idle->nsleepers];
+  idle->nsleepers--;
+  return t;
 }
 
 static void wake_unparked(weft_rt *rt, struct weft__thread *t) {
-  wake_thread(t);
+  wake_thread(rt, t);
   weft__monitor_nudge(rt); /* a thread runs: the monitor watches again */
 }
 
@@ -148,7 +183,7 @@ void weft__notify_parked(weft_rt *rt) {
   st = weft__load(&idle->state, WA_SC);
   struct weft__thread *t = NULL;
   if (searching_of(st) == 0 && unparked_of(st) < rt->nshards)
-    t = unpark_one_locked(rt);
+    t = unpark_one_locked(rt, true);
   pthread_mutex_unlock(&idle->lock);
   if (t)
     wake_unparked(rt, t);
@@ -156,7 +191,7 @@ void weft__notify_parked(weft_rt *rt) {
 
 void weft__poke(weft_rt *rt) {
   pthread_mutex_lock(&rt->idle.lock);
-  struct weft__thread *t = unpark_one_locked(rt);
+  struct weft__thread *t = unpark_one_locked(rt, false);
   pthread_mutex_unlock(&rt->idle.lock);
   if (t)
     wake_unparked(rt, t);
@@ -218,7 +253,7 @@ static void wake_done_share(weft_rt *rt) {
     unsigned k = weft__fetch_add(&idle->done_next, 1, WA_RLX);
     if (k >= idle->done_n)
       return;
-    wake_thread(idle->sleepers[k]);
+    wake_thread(rt, idle->sleepers[k]); /* a dormant one stays so */
   }
 }
 
@@ -274,11 +309,13 @@ static void wake_all_done(weft_rt *rt) {
   wake_done_share(rt);
 }
 
-/* Removes t from the sleepers if it is still there; lock held. */
+/* Removes t from the sleepers if it is still there, keeping the order of
+ * the others (dormant threads below started ones); lock held. */
 static bool leave_sleepers(struct weft__idle *idle, struct weft__thread *t) {
   for (unsigned i = 0; i < idle->nsleepers; i++) {
     if (idle->sleepers[i] == t) {
-      idle->sleepers[i] = idle->sleepers[--idle->nsleepers];
+      memmove(&idle->sleepers[i], &idle->sleepers[i + 1],
+              (--idle->nsleepers - i) * sizeof(*idle->sleepers));
       return true;
     }
   }
@@ -361,6 +398,10 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
 
   if (was_searching && searching_of(prev) == 1 && work_visible(rt))
     weft__notify_parked(rt);
+  return weft__park_resume(rt, t);
+}
+
+bool weft__park_resume(weft_rt *rt, struct weft__thread *t) {
   if (!sleep_until_woken(rt, t))
     return true; /* left the sleepers itself: a timer is due */
   weft__store(&t->wake, 0, WA_RLX);
@@ -370,4 +411,73 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
   }
   t->searching = true; /* the waker counted us as a searcher */
   return true;
+}
+
+void weft__idle_add_dormant(weft_rt *rt) {
+  struct weft__idle *idle = &rt->idle;
+  /* The highest index at the bottom: pops start the lowest first. */
+  for (unsigned i = rt->nshards; i-- > rt->neager;) {
+    struct weft__thread *t = &rt->threads[i];
+    t->slot_state = WEFT_TH_DORMANT;
+    t->lazy = true;
+    weft__store(&t->dormant, 1, WA_RLX);
+    weft__store(&t->sleep_until, UINT64_MAX, WA_RLX);
+    idle->sleepers[idle->nsleepers++] = t;
+  }
+}
+
+/* Undoes the pop of a dormant thread that could not be started: counted
+ * parked again, back at the bottom of the sleepers. The work that asked
+ * for it is still visible to the running threads, which look at every
+ * queue before they park. Returns whether this made the shutdown done. */
+static bool unpop_dormant(weft_rt *rt, struct weft__thread *t) {
+  struct weft__idle *idle = &rt->idle;
+  pthread_mutex_lock(&idle->lock);
+  uint64_t dec = UNPARKED_ONE | 1;
+  uint64_t prev = weft__fetch_sub(&idle->state, dec, WA_SC);
+  memmove(&idle->sleepers[1], &idle->sleepers[0],
+          idle->nsleepers * sizeof(*idle->sleepers));
+  idle->sleepers[0] = t;
+  idle->nsleepers++;
+  bool complete = shutdown_complete_locked(rt, prev - dec);
+  if (complete)
+    declare_done_locked(rt);
+  pthread_mutex_unlock(&idle->lock);
+  return complete;
+}
+
+/* Starts dormant t for a pop (why 1) or a kick (why 2). The decision is
+ * taken under spare_lock, where the slot's state changes: two wakers
+ * never both start it, and a failed start is undone before another waker
+ * looks. Every store to a dormant thread's wake is made here, before
+ * pthread_create, which orders it before the new thread's first read:
+ * that thread goes on as if its sleep had ended, popped (1: counted
+ * unparked and searching) or kicked (2: it leaves the sleepers itself).
+ * At done nobody needs it: it stays dormant, and destroy skips its slot.
+ * Lock order: spare_lock, then idle.lock (unpop_dormant); nothing takes
+ * spare_lock under idle.lock. */
+static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why) {
+  pthread_mutex_lock(&rt->spare_lock);
+  if (t->slot_state != WEFT_TH_DORMANT) {
+    pthread_mutex_unlock(&rt->spare_lock);
+    wake_started(t, why); /* started meanwhile */
+    return;
+  }
+  /* A pop's 1 outranks a kick's 2: the popped thread is counted. */
+  if (why == 1 || weft__load(&t->wake, WA_RLX) == 0)
+    weft__store(&t->wake, why, WA_SC);
+  int err = 0;
+  if (!weft__load(&rt->done, WA_ACQ))
+    err = weft__thread_create_dormant(rt, t);
+  bool complete = false;
+  if (err) {
+    weft__fetch_add(&rt->thread_start_errors, 1, WA_RLX);
+    /* why is 1 exactly when wake is: a pop stores 1 only here. */
+    if (why == 1)
+      complete = unpop_dormant(rt, t);
+    weft__store(&t->wake, 0, WA_RLX);
+  }
+  pthread_mutex_unlock(&rt->spare_lock);
+  if (complete)
+    wake_all_done(rt);
 }

@@ -3,9 +3,10 @@
  * statistics. Owns the weft_rt struct, its shards and threads.
  *
  * Every one-time cost is paid in weft_rt_create: shards, queues, the
- * sleeper list, one batch of pooled objects per shard, and the threads,
- * which have all reached their loop when it returns. Threads wait for each
- * other only on a condition variable, never by spinning.
+ * sleeper list, one batch of pooled objects per shard, and the eager
+ * threads, which have all reached their loop when it returns. The other
+ * shards' threads are dormant until first needed (park.c). Threads wait
+ * for each other only on a condition variable, never by spinning.
  */
 #include "internal.h"
 
@@ -116,6 +117,7 @@ static void rt_free(weft_rt *rt) {
   pthread_mutex_destroy(&rt->spare_lock);
   pthread_mutex_destroy(&rt->io_lock);
   pthread_attr_destroy(&rt->thread_attr);
+  pthread_attr_destroy(&rt->lazy_attr);
   free(rt->spares);
   arena_unmap(rt);
   free(rt);
@@ -160,6 +162,10 @@ static int resolve(const weft_config *in, weft_config *out) {
     out->max_threads = 2 * out->workers + 4;
   if (out->max_threads < out->workers)
     out->max_threads = out->workers;
+  if (!out->eager_workers)
+    out->eager_workers = cpus_allowed();
+  if (out->eager_workers > out->workers)
+    out->eager_workers = out->workers;
   return 0;
 }
 
@@ -170,7 +176,8 @@ static void join_all(weft_rt *rt) {
   for (unsigned i = 0;; i++) {
     pthread_mutex_lock(&rt->spare_lock);
     bool more = i < rt->nthreads;
-    bool started = more && rt->threads[i].slot_state != WEFT_TH_FREE;
+    int st = more ? rt->threads[i].slot_state : WEFT_TH_FREE;
+    bool started = st == WEFT_TH_LIVE || st == WEFT_TH_EXITED;
     pthread_t tid = more ? rt->threads[i].tid : (pthread_t)0;
     pthread_mutex_unlock(&rt->spare_lock);
     if (!more)
@@ -180,21 +187,42 @@ static void join_all(weft_rt *rt) {
   }
 }
 
-/* Starts the shards' threads, one spare and the monitor with asynchronous
- * signals blocked (threads they start inherit the mask), so that the
- * application's signals go to its own threads and a SIGPIPE raised inside
- * a handler never kills the process. */
-static int start_threads(weft_rt *rt, bool monitor) {
-  sigset_t all, old;
+/* Every runtime thread starts with asynchronous signals blocked (threads
+ * they start inherit the mask), so that the application's signals go to
+ * its own threads and a SIGPIPE raised inside a handler never kills the
+ * process. */
+static void block_async_signals(sigset_t *old) {
+  sigset_t all;
   sigfillset(&all);
   const int sync_sigs[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL,
                            SIGTRAP, SIGSYS, SIGABRT};
   for (size_t i = 0; i < sizeof(sync_sigs) / sizeof(sync_sigs[0]); i++)
     sigdelset(&all, sync_sigs[i]);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
+  pthread_sigmask(SIG_SETMASK, &all, old);
+}
+
+/* Any thread may start a dormant one (the one that needs it): the signal
+ * mask is set here, and the CPU affinity is weft_rt_create's caller's, as
+ * the eager threads inherit it (lazy_attr). */
+int weft__thread_create_dormant(weft_rt *rt, struct weft__thread *t) {
+  sigset_t old;
+  block_async_signals(&old);
+  int err = pthread_create(&t->tid, &rt->lazy_attr, weft__thread_entry, t);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (err)
+    return -err;
+  t->slot_state = WEFT_TH_LIVE;
+  weft__store(&t->dormant, 0, WA_REL);
+  return 0;
+}
+
+/* Starts the eager shards' threads, one spare and the monitor. */
+static int start_threads(weft_rt *rt, bool monitor) {
+  sigset_t old;
+  block_async_signals(&old);
   int err = 0;
   unsigned i;
-  for (i = 0; i < rt->nshards; i++) {
+  for (i = 0; i < rt->neager; i++) {
     rt->threads[i].slot_state = WEFT_TH_LIVE;
     err = pthread_create(&rt->threads[i].tid, &rt->thread_attr,
                          weft__thread_entry, &rt->threads[i]);
@@ -211,7 +239,7 @@ static int start_threads(weft_rt *rt, bool monitor) {
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (!err) {
     pthread_mutex_lock(&rt->life_lock);
-    while (rt->started < rt->nshards)
+    while (rt->started < rt->neager)
       pthread_cond_wait(&rt->life_cond, &rt->life_lock);
     pthread_mutex_unlock(&rt->life_lock);
     return 0;
@@ -221,7 +249,7 @@ static int start_threads(weft_rt *rt, bool monitor) {
   /* Threads that did not start are counted as parked for completion,
    * under idle.lock like every change of the unparked count (park.c). */
   pthread_mutex_lock(&rt->idle.lock);
-  weft__fetch_sub(&rt->idle.state, (uint64_t)(rt->nshards - i) << 32, WA_SC);
+  weft__fetch_sub(&rt->idle.state, (uint64_t)(rt->neager - i) << 32, WA_SC);
   pthread_mutex_unlock(&rt->idle.lock);
   weft__poke(rt);
   pthread_mutex_lock(&rt->life_lock);
@@ -242,12 +270,19 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   rt->stall_ns = c->stall_threshold_ns;
   rt->max_threads = c->max_threads;
   rt->nthreads = c->workers;
+  rt->neager = c->eager_workers;
   rt->on_stall = c->on_stall;
   rt->on_stall_ctx = c->on_stall_ctx;
   /* EINVAL: below this platform's PTHREAD_STACK_MIN */
   int r = pthread_attr_setstacksize(&rt->thread_attr, c->stack_size);
   if (r)
     return -r;
+  pthread_attr_setstacksize(&rt->lazy_attr, c->stack_size);
+  if (rt->neager < rt->nshards) {
+    cpu_set_t set;
+    if (pthread_getaffinity_np(pthread_self(), sizeof(set), &set) == 0)
+      pthread_attr_setaffinity_np(&rt->lazy_attr, sizeof(set), &set);
+  }
   rt->spares = calloc(c->max_threads, sizeof(*rt->spares));
   weft__pool_init(&rt->node_pool, sizeof(struct weft__node));
   weft__pool_init(&rt->strand_pool, WEFT_CACHELINE);
@@ -263,7 +298,7 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   pthread_condattr_destroy(&ca);
   pthread_mutex_init(&rt->spare_lock, NULL);
   pthread_mutex_init(&rt->io_lock, NULL);
-  weft__idle_init(&rt->idle, c->workers);
+  weft__idle_init(&rt->idle, c->eager_workers);
   if (ar || !rt->spares || weft__idle_alloc(&rt->idle, c->workers) != 0)
     return -ENOMEM;
   return weft__blocking_init(rt, c);
@@ -281,9 +316,11 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
   if (!rt)
     return -ENOMEM;
   pthread_attr_init(&rt->thread_attr);
+  pthread_attr_init(&rt->lazy_attr);
   r = rt_init(rt, &c);
   if (r) {
     pthread_attr_destroy(&rt->thread_attr);
+    pthread_attr_destroy(&rt->lazy_attr);
     arena_unmap(rt);
     free(rt->spares);
     free(rt);
@@ -310,6 +347,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     weft__store(&sh->owner, t, WA_RLX);
     prefill(rt, sh);
   }
+  weft__idle_add_dormant(rt);
   /* Before the first thread of ours exists: with other threads of the
    * process running, registering costs a grace period (synchronize_rcu:
    * create took a median 15 ms here, 0.4-0.5 ms without it;
@@ -468,6 +506,7 @@ int weft_rt_stats(weft_rt *rt, weft_stats *out) {
   for (unsigned i = 0; i < rt->nthreads; i++)
     out->threads += rt->threads[i].slot_state == WEFT_TH_LIVE;
   pthread_mutex_unlock(&rt->spare_lock);
+  out->thread_start_errors = weft__load(&rt->thread_start_errors, WA_RLX);
   weft__blocking_stats(rt, out);
   out->total.timers_fired += weft__load(&rt->foreign_timers_fired, WA_RLX);
   out->tcp_live = weft__load(&rt->tcp_live, WA_RLX);

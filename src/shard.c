@@ -269,9 +269,15 @@ void *weft__thread_entry(void *arg) {
   weft__store(&t->kernel_tid, (int)syscall(SYS_gettid), WA_REL);
   /* Sleeps end at their deadline, not up to 50 us later (weft.h). */
   prctl(PR_SET_TIMERSLACK, (unsigned long)rt->timer_slack_ns, 0, 0, 0);
-  if (t->shard) { /* a shard's first thread: weft_rt_create waits for all */
+  if (t->lazy) {
+    /* Started by a wakeup while it counted as parked (park.c). */
+    if (!weft__park_resume(rt, t)) {
+      tls_self = NULL;
+      return NULL;
+    }
+  } else if (t->shard) { /* an eager thread: weft_rt_create waits for all */
     pthread_mutex_lock(&rt->life_lock);
-    if (++rt->started == rt->nshards)
+    if (++rt->started == rt->neager)
       pthread_cond_broadcast(&rt->life_cond);
     pthread_mutex_unlock(&rt->life_lock);
   }
