@@ -9,11 +9,16 @@
  *  ms_per_cycle:     wall time / repeat.
  *  cpu_ms_per_cycle: getrusage(RUSAGE_SELF) user + system over the timed
  *                    cycles / repeat (all threads, the joined ones too).
- *  pinned_*:         the same in a child (this program re-executed with a
- *                    hidden --child-pinned flag) that first of all pins
- *                    itself to CPU 0 with sched_setaffinity, so all the
- *                    threads share one CPU: whoever waits by spinning
- *                    shows up here as time, not just CPU.
+ *                    weft_config.eager_workers is left at its default
+ *                    (one thread per CPU; the other shards' threads start
+ *                    when first needed, which here is never).
+ *  eager_*:          the same with eager_workers = --threads: every
+ *                    shard's thread started by weft_rt_create, as Asio's
+ *                    are; what a runtime costs once all its threads run.
+ *  pinned_*:         the same as the first in a child (this program re-executed
+ * with a hidden --child-pinned flag) that first of all pins itself to CPU 0
+ * with sched_setaffinity, so all the threads share one CPU: whoever waits by
+ * spinning shows up here as time, not just CPU.
  *
  * CPU above wall time on one CPU is impossible; with several CPUs, threads
  * created and exiting in parallel put CPU above wall time by themselves
@@ -91,10 +96,13 @@ static void signal_flag(void *arg) {
   pthread_mutex_unlock(&f->lock);
 }
 
+static unsigned eager; /* weft_config.eager_workers; 0: the default */
+
 static void cycle(unsigned threads) {
   weft_config cfg;
   weft_config_init(&cfg);
   cfg.workers = threads;
+  cfg.eager_workers = eager;
   weft_rt *rt;
   check(weft_rt_create(&rt, &cfg), "weft_rt_create");
   struct flag f = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, false};
@@ -205,6 +213,8 @@ static double median(const double *v, int n, double *lo, double *hi) {
 enum {
   W_MS,
   W_CPU,
+  WE_MS,
+  WE_CPU,
   WP_MS,
   WP_CPU,
   F_MS,
@@ -273,6 +283,9 @@ int main(int argc, char **argv) {
    * the median over the rounds of that round's mean per cycle. */
   for (int r = 0; r < rounds; r++) {
     measure(threads, repeat, &fig[W_MS][r], &fig[W_CPU][r]);
+    eager = threads;
+    measure(threads, repeat, &fig[WE_MS][r], &fig[WE_CPU][r]);
+    eager = 0;
     floor_stack = (size_t)512 * 1024;
     measure_fn(floor_cycle, threads, repeat, &fig[F_MS][r], &fig[F_CPU][r]);
     floor_stack = 0;
@@ -298,6 +311,7 @@ int main(int argc, char **argv) {
   char label[64];
   snprintf(label, sizeof(label), "weft, %u threads:", threads);
   row(label, med, lo, hi, W_MS);
+  row("  all started at create:", med, lo, hi, WE_MS);
   row("  pinned to CPU 0:", med, lo, hi, WP_MS);
   snprintf(label, sizeof(label), "floor, %u threads, 512 KiB:", threads);
   row(label, med, lo, hi, F_MS);
@@ -317,6 +331,8 @@ int main(int argc, char **argv) {
          "\"pinned_ms_per_cycle\":%.4f,\"pinned_cpu_ms_per_cycle\":%.4f",
          threads, repeat, rounds, med[W_MS], med[W_CPU], med[WP_MS],
          med[WP_CPU]);
+  printf(",\"eager_ms_per_cycle\":%.4f,\"eager_cpu_ms_per_cycle\":%.4f",
+         med[WE_MS], med[WE_CPU]);
   printf(",\"floor_ms_per_cycle\":%.4f,\"floor_cpu_ms_per_cycle\":%.4f,"
          "\"floor_default_stack_ms_per_cycle\":%.4f,"
          "\"floor_default_stack_cpu_ms_per_cycle\":%.4f,"
@@ -328,10 +344,12 @@ int main(int argc, char **argv) {
            "\"asio_pinned_ms_per_cycle\":%.4f,"
            "\"asio_pinned_cpu_ms_per_cycle\":%.4f,"
            "\"ms_ratio\":%.3f,\"cpu_ratio\":%.3f,"
-           "\"pinned_ms_ratio\":%.3f,\"pinned_cpu_ratio\":%.3f",
+           "\"pinned_ms_ratio\":%.3f,\"pinned_cpu_ratio\":%.3f,"
+           "\"eager_ms_ratio\":%.3f,\"eager_cpu_ratio\":%.3f",
            med[A_MS], med[A_CPU], med[AP_MS], med[AP_CPU],
            med[W_MS] / med[A_MS], med[W_CPU] / med[A_CPU],
-           med[WP_MS] / med[AP_MS], med[WP_CPU] / med[AP_CPU]);
+           med[WP_MS] / med[AP_MS], med[WP_CPU] / med[AP_CPU],
+           med[WE_MS] / med[A_MS], med[WE_CPU] / med[A_CPU]);
   printf("}\n");
   return 0;
 }
