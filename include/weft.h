@@ -155,9 +155,10 @@ typedef struct weft_config {
    * may run on, at most workers; values above workers mean workers (all
    * started by weft_rt_create, as a runtime that must never pay a thread
    * start after it wants). A start that fails (a thread limit) is counted
-   * in weft_stats.thread_start_errors and tried again by the next wakeup;
-   * meanwhile the started threads take the work, and the shard's timers
-   * fire when one of them looks for work. */
+   * in weft_stats.thread_start_errors and tried again by the next wakeup
+   * that needs it; meanwhile the started threads take the work and fire
+   * that shard's timers (waking for them as for their own), and a socket
+   * call fails with -EAGAIN until every thread could be started. */
   unsigned eager_workers;
 } weft_config;
 
@@ -436,7 +437,8 @@ typedef struct weft_listener_stats {
  * opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too small for
  * the family), -EAFNOSUPPORT (neither IPv4 nor IPv6), -EADDRINUSE,
  * -EACCES, -EADDRNOTAVAIL, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend
- * NONE). Any thread. */
+ * NONE), -EAGAIN (the runtime's first socket could not start every
+ * shard's thread: weft_config.eager_workers). Any thread. */
 WEFT_API int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr,
                              unsigned addrlen, const weft_listen_opts *opts,
                              weft_accept_fn fn, void *arg, weft_listener **out);
@@ -459,8 +461,8 @@ WEFT_API int weft_listener_close(weft_listener *l, weft_fn done, void *arg);
  * be closed to give up); fn runs on the strand (NULL: a new one of its own)
  * with the result. timeout_ns 0: the kernel's own (minutes).
  * Errors (nothing was created): -EINVAL, -EXDEV (strand of another
- * runtime), -EAFNOSUPPORT, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP. Any
- * thread. */
+ * runtime), -EAFNOSUPPORT, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP, -EAGAIN
+ * (as weft_tcp_listen). Any thread. */
 WEFT_API int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
                               const struct sockaddr *addr, unsigned addrlen,
                               uint64_t timeout_ns, weft_connect_fn fn,

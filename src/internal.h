@@ -503,7 +503,9 @@ struct weft_rt {
   _Atomic uint64_t orphan_handlers_cancelled;
   _Atomic uint64_t foreign_timers_fired;
   _Atomic uint64_t thread_start_errors; /* lazy starts that failed (park.c) */
-  pthread_mutex_t life_lock;            /* guards the fields below */
+  _Atomic uint32_t start_failed; /* 1 once a lazy start failed (park.c) */
+  _Atomic uint32_t all_started;  /* 1 once no shard's thread is dormant */
+  pthread_mutex_t life_lock;     /* guards the fields below */
   pthread_cond_t life_cond;
   unsigned started; /* threads that reached their loop */
   bool shutdown_called;
@@ -649,6 +651,10 @@ void weft__idle_add_dormant(weft_rt *rt);
 /* The first step of a lazily started thread: what its park would have
  * done after its sleep. False: the runtime is done. */
 bool weft__park_resume(weft_rt *rt, struct weft__thread *t);
+/* Starts every dormant thread: the first socket needs them all, since
+ * every shard serves sockets. -EAGAIN if one could not be started (the
+ * next call tries again). */
+int weft__start_dormant_all(weft_rt *rt);
 /* Creates the thread of a dormant slot (rt.c); spare_lock held. 0 or a
  * negative errno from pthread_create. */
 int weft__thread_create_dormant(weft_rt *rt, struct weft__thread *t);

@@ -16,7 +16,10 @@
  * Setup: every shard's backend is set up by the first socket
  * (weft__io_ensure), not by weft_rt_create: a runtime that never opens a
  * socket holds no ring and no epoll set, and its threads sleep on their
- * futexes. If io_uring is refused after a probe succeeded (a seccomp filter
+ * futexes. The first socket also starts every dormant thread (park.c):
+ * each shard serves its own sockets, a listener's among them, so each
+ * needs its thread; a socket call fails with -EAGAIN while one cannot be
+ * started. If io_uring is refused after a probe succeeded (a seccomp filter
  * installed later), that first socket fails with the error.
  *
  * Sleeping (no lost wakeup): the sleeper stores t->io_sleep = io, then
@@ -200,7 +203,7 @@ int weft__io_ensure(weft_rt *rt) {
   if (rt->backend == WEFT_BACKEND_NONE)
     return -ENOTSUP;
   if (weft__load(&rt->io_all, WA_ACQ))
-    return 0;
+    return weft__start_dormant_all(rt);
   int r = 0;
   pthread_mutex_lock(&rt->io_lock);
   if (!weft__load(&rt->io_all, WA_RLX)) {
@@ -220,7 +223,7 @@ int weft__io_ensure(weft_rt *rt) {
    * each leave its sleep and sleep again, now there. */
   for (unsigned i = 0; i < rt->nshards; i++)
     weft__kick(&rt->shards[i], 0);
-  return 0;
+  return weft__start_dormant_all(rt);
 }
 
 void weft__io_destroy(weft_rt *rt) {

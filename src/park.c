@@ -34,9 +34,11 @@
  *
  * Dormant threads. A shard whose thread weft_rt_create did not start
  * (weft_config.eager_workers) has a DORMANT slot that counts as parked and
- * sits in the sleepers below every started thread: parkers push on top,
- * removals keep the order and pops take the top, so a dormant thread is
- * popped only when no started thread sleeps. Waking it starts it
+ * sits in the sleepers below every started thread that sleeps: parkers
+ * push on top, removals keep the order and pops take the top, so a
+ * dormant thread is popped only when no started thread sleeps. (A kicked
+ * one, started, stays in its place until it leaves the list by itself: it
+ * is about to run, not asleep.) Waking a dormant thread starts it
  * (wake_dormant), for a pop (work, no sleeper to take it), a kick (a timer
  * homed on its shard, the first socket), never for a poke or at done.
  */
@@ -154,8 +156,9 @@ static void wake_thread(weft_rt *rt, struct weft__thread *t) {
 
 /* Pops a sleeper and counts it unparked and searching; lock held. A poke
  * takes no dormant one: a dormant thread on top means that every started
- * thread is unparked, and each of those checks the shutdown when it
- * parks (under idle.lock, after the poker's counter dropped). */
+ * thread is unparked or, kicked, about to leave the list and be, and each
+ * of those checks the shutdown when it parks (under idle.lock, after the
+ * poker's counter dropped). */
 static struct weft__thread *unpark_one_locked(weft_rt *rt, bool for_work) {
   struct weft__idle *idle = &rt->idle;
   if (!idle->nsleepers)
@@ -322,6 +325,20 @@ static bool leave_sleepers(struct weft__idle *idle, struct weft__thread *t) {
   return false;
 }
 
+/* The earliest of deadline and the next deadlines of the shards whose
+ * thread could not be started: after a failed start, parked threads
+ * wake for those timers too, and serve them (shard.c). */
+static uint64_t orphans_next(weft_rt *rt, uint64_t deadline) {
+  for (unsigned i = rt->neager; i < rt->nshards; i++) {
+    if (!weft__load(&rt->threads[i].dormant, WA_ACQ))
+      continue;
+    uint64_t next = weft__load(&rt->shards[i].timer_next, WA_SC);
+    if (next < deadline)
+      deadline = next;
+  }
+  return deadline;
+}
+
 /* Sleeps until a notifier pops t (returns true), or until t's shard has a
  * timer due, I/O events, or t was kicked, and t left the sleepers by itself
  * (returns false: t is counted unparked, not searching). A shard with a
@@ -339,6 +356,8 @@ static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
      * and kicks us (weft__kick). */
     weft__store(&t->sleep_until, UINT64_MAX, WA_SC);
     uint64_t deadline = weft__load(&t->shard->timer_next, WA_SC);
+    if (weft__load(&rt->start_failed, WA_RLX))
+      deadline = orphans_next(rt, deadline);
     weft__store(&t->sleep_until, deadline, WA_SC);
     if (w == 2 || io_ready ||
         (deadline != UINT64_MAX && weft__now_ns() >= deadline)) {
@@ -396,7 +415,14 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
     return false;
   }
 
-  if (was_searching && searching_of(prev) == 1 && work_visible(rt))
+  /* The last searcher looks again (the no-lost-wakeup argument above). So
+   * does a thread that did not search because others did, if none is
+   * left: one of them may have been a popped dormant thread whose start
+   * failed, which counted as a searcher without ever looking
+   * (unpop_dormant), so the producers it made skip their wakeup relied on
+   * nobody. */
+  bool last = was_searching ? searching_of(prev) == 1 : searching_of(prev) == 0;
+  if (last && work_visible(rt))
     weft__notify_parked(rt);
   return weft__park_resume(rt, t);
 }
@@ -427,23 +453,26 @@ void weft__idle_add_dormant(weft_rt *rt) {
 }
 
 /* Undoes the pop of a dormant thread that could not be started: counted
- * parked again, back at the bottom of the sleepers. The work that asked
- * for it is still visible to the running threads, which look at every
- * queue before they park. Returns whether this made the shutdown done. */
-static bool unpop_dormant(weft_rt *rt, struct weft__thread *t) {
+ * parked again, back at the bottom of the sleepers. It counted as a
+ * searcher without looking, so producers skipped their wakeups: if it was
+ * the last and work is queued, a started sleeper takes over (returned, to
+ * be woken); if none sleeps, every started thread is unparked and looks
+ * before it parks (weft__park's recheck covers one that did not search
+ * because of us). The shutdown cannot complete here: whoever popped is
+ * counted, as a running thread or a post in flight. */
+static struct weft__thread *unpop_dormant(weft_rt *rt, struct weft__thread *t) {
   struct weft__idle *idle = &rt->idle;
   pthread_mutex_lock(&idle->lock);
-  uint64_t dec = UNPARKED_ONE | 1;
-  uint64_t prev = weft__fetch_sub(&idle->state, dec, WA_SC);
+  uint64_t prev = weft__fetch_sub(&idle->state, UNPARKED_ONE | 1, WA_SC);
   memmove(&idle->sleepers[1], &idle->sleepers[0],
           idle->nsleepers * sizeof(*idle->sleepers));
   idle->sleepers[0] = t;
   idle->nsleepers++;
-  bool complete = shutdown_complete_locked(rt, prev - dec);
-  if (complete)
-    declare_done_locked(rt);
+  struct weft__thread *next = NULL;
+  if (searching_of(prev) == 1 && work_visible(rt))
+    next = unpark_one_locked(rt, false);
   pthread_mutex_unlock(&idle->lock);
-  return complete;
+  return next;
 }
 
 /* Starts dormant t for a pop (why 1) or a kick (why 2). The decision is
@@ -455,7 +484,10 @@ static bool unpop_dormant(weft_rt *rt, struct weft__thread *t) {
  * unparked and searching) or kicked (2: it leaves the sleepers itself).
  * At done nobody needs it: it stays dormant, and destroy skips its slot.
  * Lock order: spare_lock, then idle.lock (unpop_dormant); nothing takes
- * spare_lock under idle.lock. */
+ * spare_lock under idle.lock. The create runs under spare_lock, so lazy
+ * starts are serial and weft_rt_stats or a handoff waits for one (tens of
+ * us, once per shard): join_all reads tid and state under that lock, and
+ * a state published before the tid could be joined unwritten. */
 static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why) {
   pthread_mutex_lock(&rt->spare_lock);
   if (t->slot_state != WEFT_TH_DORMANT) {
@@ -469,15 +501,39 @@ static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why) {
   int err = 0;
   if (!weft__load(&rt->done, WA_ACQ))
     err = weft__thread_create_dormant(rt, t);
-  bool complete = false;
+  struct weft__thread *next = NULL;
   if (err) {
     weft__fetch_add(&rt->thread_start_errors, 1, WA_RLX);
+    weft__store(&rt->start_failed, 1, WA_RLX);
     /* why is 1 exactly when wake is: a pop stores 1 only here. */
     if (why == 1)
-      complete = unpop_dormant(rt, t);
+      next = unpop_dormant(rt, t);
     weft__store(&t->wake, 0, WA_RLX);
   }
   pthread_mutex_unlock(&rt->spare_lock);
-  if (complete)
-    wake_all_done(rt);
+  if (err && why == 2) {
+    /* A timer of t's shard is due earlier: a started sleeper wakes to
+     * sleep again with it in its deadline (orphans_next). */
+    pthread_mutex_lock(&rt->idle.lock);
+    next = unpark_one_locked(rt, false);
+    pthread_mutex_unlock(&rt->idle.lock);
+  }
+  if (next)
+    wake_unparked(rt, next);
+}
+
+int weft__start_dormant_all(weft_rt *rt) {
+  if (rt->neager == rt->nshards || weft__load(&rt->all_started, WA_ACQ))
+    return 0;
+  int r = 0;
+  for (unsigned i = rt->neager; i < rt->nshards; i++) {
+    struct weft__thread *t = &rt->threads[i];
+    if (weft__load(&t->dormant, WA_ACQ))
+      wake_dormant(rt, t, 2);
+    if (weft__load(&t->dormant, WA_ACQ) && !weft__load(&rt->done, WA_ACQ))
+      r = -EAGAIN;
+  }
+  if (!r)
+    weft__store(&rt->all_started, 1, WA_REL);
+  return r;
 }

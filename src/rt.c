@@ -202,12 +202,17 @@ static void block_async_signals(sigset_t *old) {
 }
 
 /* Any thread may start a dormant one (the one that needs it): the signal
- * mask is set here, and the CPU affinity is weft_rt_create's caller's, as
- * the eager threads inherit it (lazy_attr). */
+ * mask is set here, and the CPU affinity and scheduling policy are
+ * weft_rt_create's caller's, as the eager threads inherit them
+ * (lazy_attr). Where those cannot be given (EPERM: a real-time policy and
+ * a waker without the privilege; EINVAL: the process's cpuset no longer
+ * has those CPUs) the thread inherits the waker's instead. */
 int weft__thread_create_dormant(weft_rt *rt, struct weft__thread *t) {
   sigset_t old;
   block_async_signals(&old);
   int err = pthread_create(&t->tid, &rt->lazy_attr, weft__thread_entry, t);
+  if (err == EPERM || err == EINVAL)
+    err = pthread_create(&t->tid, &rt->thread_attr, weft__thread_entry, t);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (err)
     return -err;
@@ -282,6 +287,14 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
     cpu_set_t set;
     if (pthread_getaffinity_np(pthread_self(), sizeof(set), &set) == 0)
       pthread_attr_setaffinity_np(&rt->lazy_attr, sizeof(set), &set);
+    int policy;
+    struct sched_param sp;
+    if (pthread_getschedparam(pthread_self(), &policy, &sp) == 0 &&
+        pthread_attr_setinheritsched(&rt->lazy_attr, PTHREAD_EXPLICIT_SCHED) ==
+            0) {
+      pthread_attr_setschedpolicy(&rt->lazy_attr, policy);
+      pthread_attr_setschedparam(&rt->lazy_attr, &sp);
+    }
   }
   rt->spares = calloc(c->max_threads, sizeof(*rt->spares));
   weft__pool_init(&rt->node_pool, sizeof(struct weft__node));

@@ -250,6 +250,10 @@ void weft__thread_main_loop(struct weft__thread *t) {
         if (!weft__park(rt, t))
           return;
         weft__stat_add(&sh->st_wakeups, 1);
+        /* Shards whose thread could not be started have nobody else to
+         * fire their timers (park.c, orphans_next). */
+        if (weft__load(&rt->start_failed, WA_RLX))
+          serve_timers(rt, sh);
         weft__io_flush(sh); /* if it did not sleep in its ring */
         continue;
       }
