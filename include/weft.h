@@ -155,10 +155,11 @@ typedef struct weft_config {
    * may run on, at most workers; values above workers mean workers (all
    * started by weft_rt_create, as a runtime that must never pay a thread
    * start after it wants). A start that fails (a thread limit) is counted
-   * in weft_stats.thread_start_errors and tried again by the next wakeup
-   * that needs it; meanwhile the started threads take the work and fire
-   * that shard's timers (waking for them as for their own), and a socket
-   * call fails with -EAGAIN until every thread could be started. */
+   * in weft_stats.thread_start_errors and tried again by a later wakeup
+   * that needs it (not within 10 ms of the failure) and by every socket
+   * call; meanwhile the started threads take the work and fire that
+   * shard's timers (waking for them as for their own), and a socket call
+   * fails with -EAGAIN until every thread could be started. */
   unsigned eager_workers;
 } weft_config;
 

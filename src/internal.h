@@ -384,6 +384,9 @@ struct weft__shard {
   pthread_mutex_t tcp_lock;
   struct weft__sock *tcp_list;
   unsigned accept_rr; /* tcp.c: home shard for connections from outside */
+  /* 1 while the shard's own thread (threads[idx]) is dormant (park.c);
+   * here, not in the slot, since spares reuse slots (monitor.c) */
+  _Atomic uint32_t thread_dormant;
 } WEFT_ALIGNED;
 
 /* The stall protocol (monitor.c has the argument). hstate is written only
@@ -425,6 +428,9 @@ struct weft__thread {
   bool cpu_clock_ok;
   bool lazy;      /* started after weft_rt_create, by a wakeup (park.c) */
   int slot_state; /* WEFT_TH_*, under rt->spare_lock */
+  /* while DORMANT: no start is tried before this time after a failed one
+   * (park.c); under rt->spare_lock */
+  uint64_t retry_ns;
   /* 1 while slot_state is DORMANT: a lock-free hint for wakers, cleared
    * (release, under spare_lock) once the thread is created */
   _Atomic uint32_t dormant;

@@ -219,11 +219,13 @@ int weft__io_ensure(weft_rt *rt) {
   pthread_mutex_unlock(&rt->io_lock);
   if (r)
     return r;
-  /* Threads asleep on their futex move to their backend: a kick makes
-   * each leave its sleep and sleep again, now there. */
+  /* Dormant threads start now (they will sleep in their backend), and
+   * threads asleep on their futex move to it: a kick makes each leave
+   * its sleep and sleep again, now there. */
+  r = weft__start_dormant_all(rt);
   for (unsigned i = 0; i < rt->nshards; i++)
     weft__kick(&rt->shards[i], 0);
-  return weft__start_dormant_all(rt);
+  return r;
 }
 
 void weft__io_destroy(weft_rt *rt) {

@@ -76,7 +76,8 @@ void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
           NULL, FUTEX_BITSET_MATCH_ANY);
 }
 
-static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why);
+static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
+                         uint64_t deadline, bool force);
 
 /* why: 1, popped from the sleepers (it counts as unparked and searching),
  * or 2, kicked; the two wakeups of a started thread. */
@@ -99,7 +100,7 @@ void weft__kick(struct weft__shard *sh, uint64_t deadline) {
   if (!t || deadline >= weft__load(&t->sleep_until, WA_SC))
     return;
   if (weft__load(&t->dormant, WA_ACQ))
-    wake_dormant(sh->rt, t, 2);
+    wake_dormant(sh->rt, t, 2, deadline, false);
   else
     wake_started(t, 2);
 }
@@ -149,7 +150,7 @@ void weft__idle_destroy(struct weft__idle *idle) {
 /* Wakes a thread popped from the sleepers. */
 static void wake_thread(weft_rt *rt, struct weft__thread *t) {
   if (weft__load(&t->dormant, WA_ACQ))
-    wake_dormant(rt, t, 1);
+    wake_dormant(rt, t, 1, 0, false);
   else
     wake_started(t, 1);
 }
@@ -330,7 +331,7 @@ static bool leave_sleepers(struct weft__idle *idle, struct weft__thread *t) {
  * wake for those timers too, and serve them (shard.c). */
 static uint64_t orphans_next(weft_rt *rt, uint64_t deadline) {
   for (unsigned i = rt->neager; i < rt->nshards; i++) {
-    if (!weft__load(&rt->threads[i].dormant, WA_ACQ))
+    if (!weft__load(&rt->shards[i].thread_dormant, WA_ACQ))
       continue;
     uint64_t next = weft__load(&rt->shards[i].timer_next, WA_SC);
     if (next < deadline)
@@ -420,8 +421,12 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
    * left: one of them may have been a popped dormant thread whose start
    * failed, which counted as a searcher without ever looking
    * (unpop_dormant), so the producers it made skip their wakeup relied on
-   * nobody. */
-  bool last = was_searching ? searching_of(prev) == 1 : searching_of(prev) == 0;
+   * nobody. Only after a failure: start_failed is stored before the
+   * undo's idle.lock section, and this thread's decrement came after it
+   * (it read the undo's), so the relaxed load sees it. */
+  bool last = was_searching ? searching_of(prev) == 1
+                            : searching_of(prev) == 0 &&
+                                  weft__load(&rt->start_failed, WA_RLX);
   if (last && work_visible(rt))
     weft__notify_parked(rt);
   return weft__park_resume(rt, t);
@@ -447,9 +452,36 @@ void weft__idle_add_dormant(weft_rt *rt) {
     t->slot_state = WEFT_TH_DORMANT;
     t->lazy = true;
     weft__store(&t->dormant, 1, WA_RLX);
+    weft__store(&t->shard->thread_dormant, 1, WA_RLX);
     weft__store(&t->sleep_until, UINT64_MAX, WA_RLX);
     idle->sleepers[idle->nsleepers++] = t;
   }
+}
+
+/* After a failed start: no try for the same thread within this, but for
+ * a socket call's (weft__start_dormant_all: the caller gets -EAGAIN, and
+ * a call again is a try again). Each wakeup that needs the thread would
+ * otherwise try (a periodic timer on its shard, at every firing), and
+ * each try that fails costs a create. */
+#define START_RETRY_NS (10ull * 1000000u)
+
+/* A kick whose thread could not be started: every started sleeper that
+ * would sleep past deadline is kicked to sleep again with the orphaned
+ * shard's deadline in its own (orphans_next). All of them: a single one,
+ * woken, could take other work and leave the deadline unwatched. A
+ * kicked thread leaves the sleepers by itself and counts as no searcher,
+ * so no post skips its wakeup for it. */
+static void kick_sleepers(weft_rt *rt, uint64_t deadline) {
+  struct weft__idle *idle = &rt->idle;
+  pthread_mutex_lock(&idle->lock);
+  for (unsigned i = idle->nsleepers; i-- > 0;) {
+    struct weft__thread *t = idle->sleepers[i];
+    if (weft__load(&t->dormant, WA_ACQ))
+      continue; /* not started */
+    if (deadline < weft__load(&t->sleep_until, WA_SC))
+      wake_started(t, 2);
+  }
+  pthread_mutex_unlock(&idle->lock);
 }
 
 /* Undoes the pop of a dormant thread that could not be started: counted
@@ -488,7 +520,8 @@ static struct weft__thread *unpop_dormant(weft_rt *rt, struct weft__thread *t) {
  * starts are serial and weft_rt_stats or a handoff waits for one (tens of
  * us, once per shard): join_all reads tid and state under that lock, and
  * a state published before the tid could be joined unwritten. */
-static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why) {
+static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
+                         uint64_t deadline, bool force) {
   pthread_mutex_lock(&rt->spare_lock);
   if (t->slot_state != WEFT_TH_DORMANT) {
     pthread_mutex_unlock(&rt->spare_lock);
@@ -499,11 +532,17 @@ static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why) {
   if (why == 1 || weft__load(&t->wake, WA_RLX) == 0)
     weft__store(&t->wake, why, WA_SC);
   int err = 0;
-  if (!weft__load(&rt->done, WA_ACQ))
-    err = weft__thread_create_dormant(rt, t);
+  uint64_t now = 0;
+  if (weft__load(&rt->done, WA_ACQ))
+    err = 0;
+  else if (!force && t->retry_ns && (now = weft__now_ns()) < t->retry_ns)
+    err = -EAGAIN; /* failed a moment ago: not again yet */
+  else if ((err = weft__thread_create_dormant(rt, t)) != 0) {
+    weft__fetch_add(&rt->thread_start_errors, 1, WA_RLX);
+    t->retry_ns = (now ? now : weft__now_ns()) + START_RETRY_NS;
+  }
   struct weft__thread *next = NULL;
   if (err) {
-    weft__fetch_add(&rt->thread_start_errors, 1, WA_RLX);
     weft__store(&rt->start_failed, 1, WA_RLX);
     /* why is 1 exactly when wake is: a pop stores 1 only here. */
     if (why == 1)
@@ -511,13 +550,8 @@ static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why) {
     weft__store(&t->wake, 0, WA_RLX);
   }
   pthread_mutex_unlock(&rt->spare_lock);
-  if (err && why == 2) {
-    /* A timer of t's shard is due earlier: a started sleeper wakes to
-     * sleep again with it in its deadline (orphans_next). */
-    pthread_mutex_lock(&rt->idle.lock);
-    next = unpark_one_locked(rt, false);
-    pthread_mutex_unlock(&rt->idle.lock);
-  }
+  if (err && why == 2)
+    kick_sleepers(rt, deadline);
   if (next)
     wake_unparked(rt, next);
 }
@@ -527,10 +561,11 @@ int weft__start_dormant_all(weft_rt *rt) {
     return 0;
   int r = 0;
   for (unsigned i = rt->neager; i < rt->nshards; i++) {
-    struct weft__thread *t = &rt->threads[i];
-    if (weft__load(&t->dormant, WA_ACQ))
-      wake_dormant(rt, t, 2);
-    if (weft__load(&t->dormant, WA_ACQ) && !weft__load(&rt->done, WA_ACQ))
+    /* While the flag is 1, threads[i] is the shard's dormant slot. */
+    _Atomic uint32_t *d = &rt->shards[i].thread_dormant;
+    if (weft__load(d, WA_ACQ))
+      wake_dormant(rt, &rt->threads[i], 2, 0, true);
+    if (weft__load(d, WA_ACQ) && !weft__load(&rt->done, WA_ACQ))
       r = -EAGAIN;
   }
   if (!r)

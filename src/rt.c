@@ -218,6 +218,7 @@ int weft__thread_create_dormant(weft_rt *rt, struct weft__thread *t) {
     return -err;
   t->slot_state = WEFT_TH_LIVE;
   weft__store(&t->dormant, 0, WA_REL);
+  weft__store(&t->shard->thread_dormant, 0, WA_REL);
   return 0;
 }
 
@@ -289,12 +290,12 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
       pthread_attr_setaffinity_np(&rt->lazy_attr, sizeof(set), &set);
     int policy;
     struct sched_param sp;
+    /* Explicit only if glibc takes both (it refuses SCHED_DEADLINE and
+     * may refuse others): else inherited, as before. */
     if (pthread_getschedparam(pthread_self(), &policy, &sp) == 0 &&
-        pthread_attr_setinheritsched(&rt->lazy_attr, PTHREAD_EXPLICIT_SCHED) ==
-            0) {
-      pthread_attr_setschedpolicy(&rt->lazy_attr, policy);
-      pthread_attr_setschedparam(&rt->lazy_attr, &sp);
-    }
+        pthread_attr_setschedpolicy(&rt->lazy_attr, policy) == 0 &&
+        pthread_attr_setschedparam(&rt->lazy_attr, &sp) == 0)
+      pthread_attr_setinheritsched(&rt->lazy_attr, PTHREAD_EXPLICIT_SCHED);
   }
   rt->spares = calloc(c->max_threads, sizeof(*rt->spares));
   weft__pool_init(&rt->node_pool, sizeof(struct weft__node));
