@@ -48,9 +48,17 @@
 struct weft_listener {
   weft_rt *rt;
   struct weft_listener *next; /* rt->listeners, under life_lock */
-  _Atomic uint32_t closed;    /* weft_listener_close was called */
-  _Atomic unsigned open_socks;
-  _Atomic int reserve; /* the spare descriptor, -1 while in use */
+  /* Who calls done is decided on one word: (open sockets << 1) | 1 once
+   * weft_listener_close has won. The closer's fetch_or and each socket's
+   * fetch_sub are ordered, so either the closer sees sockets open (returns
+   * 0, and the last one to finish sees the bit and calls done) or it sees
+   * none (returns -EALREADY: a shutdown closed them, done is not called).
+   * Two words, a flag and a count, let both happen at once: the closer set
+   * the flag, the last socket finished, saw it and called done, and then
+   * the closer read a count of 0 and returned -EALREADY. */
+  _Atomic uint64_t live;
+  _Atomic uint32_t close_claim; /* 1 once a weft_listener_close won */
+  _Atomic int reserve;          /* the spare descriptor, -1 while in use */
   /* Out of descriptors (fd_limit): while `limited`, accepts run under
    * limit_lock, so that no other shard's accept takes the slot the drop
    * frees; `active` counts shards accepting without it. */
@@ -224,8 +232,10 @@ static void lsock_finished(struct weft__sock *s) {
   struct weft_listener *l = s->lst;
   weft__sock_close_fd(s);
   s->state = ST_CLOSED;
-  if (weft__fetch_sub(&l->open_socks, 1, WA_SC) == 1 &&
-      weft__load(&l->closed, WA_SC) && l->done)
+  /* seq_cst: the closer's done and done_arg were written before its
+   * fetch_or, which this reads from (or follows) when it sees the bit. */
+  uint64_t prev = weft__fetch_sub(&l->live, 2, WA_SC);
+  if ((prev >> 1) == 1 && (prev & 1) && l->done)
     l->done(l->done_arg);
   weft__sock_free(s);
 }
@@ -355,7 +365,7 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
     listener_free(l);
     return r;
   }
-  weft__store(&l->open_socks, n, WA_RLX);
+  weft__store(&l->live, (uint64_t)n << 1, WA_RLX);
   pthread_mutex_lock(&rt->life_lock);
   l->next = rt->listeners;
   rt->listeners = l;
@@ -390,16 +400,15 @@ int weft_listener_stats_get(weft_listener *l, weft_listener_stats *out) {
 int weft_listener_close(weft_listener *l, weft_fn done, void *arg) {
   if (!l)
     return -EINVAL;
-  if (weft__load(&l->closed, WA_RLX))
+  /* One closer only: a second, even a concurrent one, must not touch
+   * done, which the first may already have published. */
+  uint32_t zero = 0;
+  if (!weft__cas(&l->close_claim, &zero, 1, WA_RLX, WA_RLX))
     return -EALREADY;
   l->done = done;
   l->done_arg = arg;
-  /* seq_cst against lsock_finished: either it sees closed (and calls
-   * done) or we see open_socks at 0 (closed by a shutdown). */
-  if (weft__xchg(&l->closed, 1, WA_SC))
-    return -EALREADY;
-  if (weft__load(&l->open_socks, WA_SC) == 0)
-    return -EALREADY;
+  if ((weft__fetch_or(&l->live, 1, WA_SC) >> 1) == 0)
+    return -EALREADY; /* every socket was closed already, by a shutdown */
   /* The lock keeps each socket's memory: freed ones drop the signal. */
   for (unsigned i = 0; i < l->n; i++) {
     struct weft__shard *reg = &l->rt->shards[i % l->rt->nshards];

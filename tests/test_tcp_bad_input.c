@@ -29,6 +29,9 @@
  *    (-EALREADY); in a callback after the close, read / write / shutdown
  *    fail with -EBADF; weft_tcp_close(NULL) is -EINVAL.
  *  - After weft_rt_shutdown: listen and connect fail with -ESHUTDOWN.
+ *  - Races: two weft_listener_close at once, or one against the
+ *    shutdown: each close returns 0 and its done runs once, or returns
+ *    -EALREADY and its done never runs; of two closes exactly one wins.
  */
 #include <sys/un.h>
 
@@ -706,6 +709,76 @@ static void test_after_shutdown(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* ------------------------------------------------------- close races */
+
+typedef struct closer {
+  weft_listener *l;
+  weft_rt *rt; /* non-NULL: shut the runtime down instead of closing */
+  tu_barrier *b;
+  tu_event done;
+  int rc;
+} closer;
+
+static void *closer_main(void *arg) {
+  closer *c = arg;
+  tu_barrier_wait(c->b);
+  if (c->rt)
+    c->rc = weft_rt_shutdown(c->rt, WEFT_SHUTDOWN_NOWAIT);
+  else
+    c->rc = weft_listener_close(c->l, count_event, &c->done);
+  return NULL;
+}
+
+/* weft.h: weft_listener_close returns 0 and done runs once, or it returns
+ * -EALREADY (closed already, or by a shutdown) and done never runs; this
+ * holds when two closes race, and when a close races the shutdown. */
+static void test_close_races(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  unsigned rounds = (unsigned)TU_SCALED(200, 16);
+  for (unsigned r = 0; r < rounds; r++) {
+    tu_phase("close races: two closes, or a close and the shutdown");
+    bool vs_shutdown = r & 1;
+    weft_rt *rt = rt_start();
+    weft_listener *l;
+    assert_true(tu_tcp_listen(rt, NULL, must_not_accept, NULL, &l) != 0);
+    tu_barrier b;
+    tu_barrier_init(&b, 2);
+    closer c[2];
+    pthread_t th[2];
+    for (unsigned i = 0; i < 2; i++) {
+      c[i] = (closer){.l = l, .b = &b, .rc = 1};
+      if (vs_shutdown && i == 1)
+        c[i].rt = rt;
+      tu_event_init(&c[i].done);
+      tu_thread_start(&th[i], closer_main, &c[i]);
+    }
+    for (unsigned i = 0; i < 2; i++)
+      tu_thread_join(th[i], "closer");
+    if (vs_shutdown)
+      tu_assert_rc(weft_rt_wait(rt, (uint64_t)TU_WAIT_S * 1000000000u), 0);
+    /* Once destroyed, every done that will run has run: the runtime
+     * finishes only after its last socket. */
+    tu_assert_rc(weft_rt_destroy(rt), 0);
+    unsigned closes = vs_shutdown ? 1 : 2, won = 0;
+    for (unsigned i = 0; i < closes; i++) {
+      TU_CHECKF(c[i].rc == 0 || c[i].rc == -EALREADY,
+                "weft_listener_close returned %d", c[i].rc);
+      uint64_t ran = tu_event_get(&c[i].done);
+      TU_CHECKF(ran == (c[i].rc == 0 ? 1u : 0u),
+                "close returned %d and its done ran %llu times", c[i].rc,
+                (unsigned long long)ran);
+      won += c[i].rc == 0;
+    }
+    if (!vs_shutdown)
+      TU_CHECKF(won == 1, "%u of two racing closes returned 0", won);
+    for (unsigned i = 0; i < 2; i++)
+      tu_event_destroy(&c[i].done);
+    tu_barrier_destroy(&b);
+  }
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
@@ -717,6 +790,7 @@ int main(void) {
       cmocka_unit_test(test_connect_timeout),
       cmocka_unit_test(test_pair_bad),
       cmocka_unit_test(test_after_shutdown),
+      cmocka_unit_test(test_close_races),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
