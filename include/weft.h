@@ -547,13 +547,11 @@ typedef struct weft_shard_stats {
 } weft_shard_stats;
 
 typedef struct weft_stats {
-  unsigned shards;              /* number of shards */
-  weft_shard_stats total;       /* sum over the shards */
-  uint64_t strands_live;        /* strands created and not yet reclaimed */
-  unsigned threads;             /* threads running for shards, spares included;
-                                   not the shards' threads not yet started */
-  uint64_t thread_start_errors; /* starts of a shard's thread that failed
-                                   after weft_rt_create (eager_workers) */
+  unsigned shards;        /* number of shards */
+  weft_shard_stats total; /* sum over the shards */
+  uint64_t strands_live;  /* strands created and not yet reclaimed */
+  unsigned threads;       /* threads running for shards, spares included;
+                             not the shards' threads not yet started */
   /* Handlers that a thread finished after the monitor had handed its shard
    * to another thread: in total.handlers_run (and total.handlers_cancelled
    * for those cancelled), but in no shard's counters. */
@@ -567,6 +565,10 @@ typedef struct weft_stats {
   /* io_uring: receives that found every buffer of their shard held, and
    * so read into the reader's own buffer instead. */
   uint64_t recv_nobufs;
+  /* Starts of a shard's thread that failed after weft_rt_create
+   * (weft_config.eager_workers). Last, so the fields above keep their
+   * offsets. */
+  uint64_t thread_start_errors;
 } weft_stats;
 
 /* Counters of the runtime, summed over its shards. They are read without
