@@ -124,13 +124,9 @@ static void wait_flag(atomic_int *f, const char *what) {
   }
 }
 
-static weft_rt *setup(unsigned workers, pthread_t *f) {
-  atomic_store(&in_create, 0);
-  atomic_store(&release_create, 0);
-  atomic_store(&in_h, 0);
-  atomic_store(&release_h, 0);
-  atomic_store(&g_ran_w, 0);
-  atomic_store(&g_ran_w2, 0);
+/* workers shards, one thread started at create, no monitor (no spares:
+ * only lazy starts can add threads). */
+static weft_rt *create_one_eager(unsigned workers) {
   weft_config c;
   weft_config_init(&c);
   c.workers = workers;
@@ -138,6 +134,17 @@ static weft_rt *setup(unsigned workers, pthread_t *f) {
   c.flags = WEFT_CONFIG_NO_MONITOR;
   weft_rt *rt = NULL;
   tu_assert_rc(weft_rt_create(&rt, &c), 0);
+  return rt;
+}
+
+static weft_rt *setup(unsigned workers, pthread_t *f) {
+  atomic_store(&in_create, 0);
+  atomic_store(&release_create, 0);
+  atomic_store(&in_h, 0);
+  atomic_store(&release_h, 0);
+  atomic_store(&g_ran_w, 0);
+  atomic_store(&g_ran_w2, 0);
+  weft_rt *rt = create_one_eager(workers);
   tu_sleep_ms(50); /* the eager thread parks */
   tu_assert_rc(weft_post_rt(rt, h, NULL), 0);
   wait_flag(&in_h, "h to start");
@@ -227,13 +234,7 @@ static void *start_timers(void *arg) {
 static void test_orphan_timers(void **state) {
   (void)state;
   tu_phase("orphan timers: shards whose thread could not be started");
-  weft_config c;
-  weft_config_init(&c);
-  c.workers = 4;
-  c.eager_workers = 1;
-  c.flags = WEFT_CONFIG_NO_MONITOR;
-  weft_rt *rt = NULL;
-  tu_assert_rc(weft_rt_create(&rt, &c), 0);
+  weft_rt *rt = create_one_eager(4);
   atomic_store(&g_fired, 0);
   for (unsigned i = 0; i < NT; i++) {
     atomic_store(&g_tr[i].fired, 0);
@@ -290,13 +291,7 @@ static void *listen_failing(void *arg) {
 static void test_socket_needs_all(void **state) {
   (void)state;
   tu_phase("socket: the first one needs every thread");
-  weft_config c;
-  weft_config_init(&c);
-  c.workers = 4;
-  c.eager_workers = 1;
-  c.flags = WEFT_CONFIG_NO_MONITOR;
-  weft_rt *rt = NULL;
-  tu_assert_rc(weft_rt_create(&rt, &c), 0);
+  weft_rt *rt = create_one_eager(4);
   lis l = {.rt = rt};
   atomic_store(&fail_all, 1);
   pthread_t th;
