@@ -532,14 +532,14 @@ static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
   if (why == 1 || weft__load(&t->wake, WA_RLX) == 0)
     weft__store(&t->wake, why, WA_SC);
   int err = 0;
-  uint64_t now = 0;
-  if (weft__load(&rt->done, WA_ACQ))
-    err = 0;
-  else if (!force && t->retry_ns && (now = weft__now_ns()) < t->retry_ns)
+  uint64_t now = weft__now_ns();
+  if (weft__load(&rt->done, WA_ACQ)) {
+    /* nobody needs it: err stays 0 and it stays dormant */
+  } else if (!force && now < t->retry_ns) {
     err = -EAGAIN; /* failed a moment ago: not again yet */
-  else if ((err = weft__thread_create_dormant(rt, t)) != 0) {
+  } else if ((err = weft__thread_create_dormant(rt, t)) != 0) {
     weft__fetch_add(&rt->thread_start_errors, 1, WA_RLX);
-    t->retry_ns = (now ? now : weft__now_ns()) + START_RETRY_NS;
+    t->retry_ns = now + START_RETRY_NS;
   }
   struct weft__thread *next = NULL;
   if (err) {
