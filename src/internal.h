@@ -209,9 +209,10 @@ static inline weft_rt *weft__timer_rt(const struct weft_timer *t) {
 }
 
 void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns);
-/* Fires the due timers of shard `home` (trylock: returns if busy), posting
- * their handlers from the calling thread's shard `local`. */
-void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
+/* Fires the timers of shard `home` due at now_ns, posting their handlers
+ * from the calling thread's shard `local`. Returns false if another thread
+ * was serving home (trylock), true once served. */
+bool weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
                            uint64_t now_ns);
 /* At shutdown: every armed timer's handler is queued with -ECANCELED. */
 void weft__timers_flush(weft_rt *rt);

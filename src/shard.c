@@ -159,6 +159,96 @@ serve_one_overdue(weft_rt *rt, struct weft__shard *sh, uint64_t now) {
   return weft__runq_len(&v->rq) || weft__runq_len(&v->prq) ? v : NULL;
 }
 
+/* How finely serve_late keeps deadline order across wheels, and how many
+ * wheels it serves at once (a stack array; more overdue wheels than this
+ * are left to their owners and to the looks above). */
+#define LATE_STEP_NS 20000u
+#define LATE_MAX 16
+/* Rounds in a row that a wheel's tlock may be found taken before the
+ * catch-up leaves that wheel: a re-arm holds it for 100 ns or so, a thread
+ * serving it for longer, a preempted holder for milliseconds. */
+#define LATE_TRIES 4
+
+/* Our own timers are overdue by OVERDUE_NS or more: this thread did not
+ * run for a while, and the other shards' threads may not have either (on
+ * the 2-vCPU guest this was measured on, a vCPU stops for 6-9 ms every
+ * second or so, and now and then both stop at once). Whichever thread
+ * runs first fires every overdue wheel onto its own queues, in deadline
+ * order to within LATE_STEP_NS across wheels: fired wheel after wheel,
+ * the other shard's earliest timer waited behind all of ours (500
+ * firings, 0.4-0.8 ms there). Each step is its own tlock hold, so another
+ * thread that wants a wheel waits one step, not the whole catch-up. */
+static void serve_late(weft_rt *rt, struct weft__shard *sh, uint64_t now,
+                       uint64_t lo) {
+  struct weft__shard *c[LATE_MAX];
+  uint8_t busy[LATE_MAX] = {0};
+  unsigned n = 0;
+  c[n++] = sh;
+  for (unsigned i = 0; i < rt->nshards && n < LATE_MAX; i++) {
+    struct weft__shard *v = &rt->shards[i];
+    uint64_t next = weft__load(&v->timer_next, WA_ACQ);
+    if (v == sh || next == UINT64_MAX || next + OVERDUE_NS > now)
+      continue;
+    c[n++] = v;
+    if (next < lo)
+      lo = next;
+  }
+  if (n == 1) {
+    weft__timers_fire_due(sh, sh, now);
+    return;
+  }
+  bool quiet = !sh->quiet; /* one notify for the whole catch-up */
+  sh->quiet = true;
+  /* h rises by at least a step a round, and jumps over empty stretches:
+   * the rounds are bounded by the span over the step and by the number
+   * of distinct due slots, whichever is fewer. */
+  for (uint64_t h = lo, min = lo; n && h < now;) {
+    h = (min > h ? min : h) + LATE_STEP_NS;
+    if (h > now)
+      h = now;
+    min = UINT64_MAX;
+    for (unsigned j = 0; j < n;) {
+      uint64_t next = weft__load(&c[j]->timer_next, WA_ACQ);
+      if (next <= h) {
+        if (weft__timers_fire_due(c[j], sh, h))
+          busy[j] = 0;
+        else if (++busy[j] == LATE_TRIES)
+          next = UINT64_MAX; /* someone else is serving it: leave it */
+        if (next != UINT64_MAX)
+          next = weft__load(&c[j]->timer_next, WA_ACQ);
+      }
+      if (next > now) {
+        n--;
+        c[j] = c[n];
+        busy[j] = busy[n];
+        continue;
+      }
+      if (next < min)
+        min = next;
+      j++;
+    }
+  }
+  if (quiet) {
+    sh->quiet = false;
+    if (weft__runq_len(&sh->prq) + weft__runq_len(&sh->rq) > 1)
+      weft__notify_parked(rt);
+  }
+}
+
+/* Fires our own due timers; *now is read on first need (0: not yet). */
+static void serve_own(weft_rt *rt, struct weft__shard *sh, uint64_t *now) {
+  uint64_t next = weft__load(&sh->timer_next, WA_ACQ);
+  if (next == UINT64_MAX)
+    return;
+  *now = weft__now_ns();
+  if (next > *now)
+    return;
+  if (*now - next >= OVERDUE_NS && rt->nshards > 1)
+    serve_late(rt, sh, *now, next);
+  else
+    weft__timers_fire_due(sh, sh, *now);
+}
+
 /* Takes half of a stuck shard's timer firings, or of its other work, into
  * our ring of the same kind if that is empty (a steal needs room for
  * half a ring), to run after what we have. */
@@ -177,7 +267,7 @@ static void take_from_stuck(struct weft__shard *sh, struct weft__shard *v) {
 static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
   weft__item it;
   uint64_t now = 0;
-  serve_if_due(sh, sh, &now, 0);
+  serve_own(rt, sh, &now);
   struct weft__shard *stuck;
   if ((++sh->looks & 15) == 0 && (stuck = serve_one_overdue(rt, sh, now)))
     take_from_stuck(sh, stuck);

@@ -252,10 +252,10 @@ static void fire_due_locked(struct weft__shard *home, struct weft__shard *local,
     w->elapsed = now_tick;
 }
 
-void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
+bool weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
                            uint64_t now_ns) {
   if (!weft__trylock(&home->tlock))
-    return; /* another thread is serving this wheel */
+    return false; /* another thread is serving this wheel */
   /* Quiet: the firings' notify_parked (an RMW on the shared idle word each)
    * waits until the lock is released, and is made once. A thread that is
    * preempted while it holds tlock keeps every other thread off this wheel
@@ -271,6 +271,7 @@ void weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
     if (weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
       weft__notify_parked(home->rt);
   }
+  return true;
 }
 
 /* Wakes the home shard's thread if its deadline moved earlier. */

@@ -18,6 +18,12 @@
  *    is held: the busy one serves the held shard's overdue timers.
  *    The held handler lets itself go after STUCK_MAX_S seconds, so a
  *    failure is reported, not a hang.
+ *  - Late on both shards, no monitor: both workers held while timers homed
+ *    on both shards, deadlines 100 us apart and alternating between the
+ *    shards, all come due; one worker is let go. It fires both wheels'
+ *    overdue timers in one catch-up, in deadline order across the wheels
+ *    (shard.c, serve_late), so the handlers run in deadline order, not one
+ *    wheel's timers and then the other's.
  */
 #include "testutil.h"
 
@@ -407,12 +413,146 @@ static void test_stuck_and_busy(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* Both workers held; timers on strands homed on both shards come due; one
+ * worker (y) is let go and runs every handler alone, in the order it
+ * queued them. NLATE timers, deadlines LATE_SPACING_NS apart, alternating
+ * between the shards; y is let go 2 ms after the last deadline, when its
+ * own and the other shard's are all overdue by far more than OVERDUE_NS. */
+#define NLATE 64
+#define NLATE_CAND 256
+#define LATE_SPACING_NS 100000u
+
+static stuck g_late_x, g_late_y;
+
+typedef struct late_slot {
+  uint64_t deadline;
+  atomic_uint calls;
+  tu_count *seq;
+  unsigned order;
+} late_slot;
+
+static void late_handler(void *arg, int status, uint64_t missed) {
+  late_slot *sl = arg;
+  (void)missed;
+  TU_CHECKF(status == 0, "status %d (%s)", status, weft_strerror(status));
+  TU_CHECKF(weft_now_ns() >= sl->deadline, "fired early");
+  sl->order = (unsigned)atomic_fetch_add(sl->seq, 1);
+  atomic_fetch_add(&sl->calls, 1);
+}
+
+/* Picks NLATE of the candidate timers, alternating between the shards x
+ * and y (their homes); false if either shard has too few. */
+static bool pick_alternating(weft_timer **cand, unsigned x, unsigned y,
+                             weft_timer **out) {
+  unsigned nx = 0, ny = 0;
+  for (unsigned i = 0; i < NLATE_CAND && (nx < NLATE / 2 || ny < NLATE / 2);
+       i++) {
+    unsigned h = weft__timer_home(cand[i])->idx;
+    if (h == x && nx < NLATE / 2)
+      out[2 * nx++] = cand[i];
+    else if (h == y && ny < NLATE / 2)
+      out[2 * ny++ + 1] = cand[i];
+  }
+  return nx == NLATE / 2 && ny == NLATE / 2;
+}
+
+/* One round: holds both workers, arms the timers, lets y go once all are
+ * overdue, then x. Returns whether they were all armed before the first
+ * deadline (else the round proves nothing); *bad is the first timer that
+ * ran out of deadline order, NLATE if none. */
+static bool late_round(weft_strand *hx, weft_strand *hy, weft_timer **cand,
+                       weft_timer **t, late_slot *sl, unsigned margin_ms,
+                       unsigned *bad) {
+  stuck *x = &g_late_x, *y = &g_late_y;
+  hold_worker(hx, x);
+  hold_worker(hy, y);
+  if (!pick_alternating(cand, atomic_load(&x->shard), atomic_load(&y->shard),
+                        t)) {
+    atomic_store(&x->release, true);
+    atomic_store(&y->release, true);
+    fail_msg("fewer than %u of %u strands homed on each shard", NLATE / 2,
+             NLATE_CAND);
+  }
+  tu_count seq;
+  atomic_init(&seq, 0);
+  uint64_t base = weft_now_ns() + (uint64_t)margin_ms * 1000000u;
+  for (unsigned k = 0; k < NLATE; k++) {
+    sl[k].deadline = base + (uint64_t)k * LATE_SPACING_NS;
+    atomic_init(&sl[k].calls, 0);
+    sl[k].seq = &seq;
+    tu_assert_rc(
+        weft_timer_start_at(t[k], sl[k].deadline, 0, late_handler, &sl[k]), 0);
+  }
+  bool in_time = weft_now_ns() < base;
+  while (weft_now_ns() < sl[NLATE - 1].deadline + 2000000u)
+    tu_sleep_ms(1);
+  atomic_store(&y->release, true);
+  tu_wait_count(&seq, NLATE, "the overdue timers, one worker let go");
+  atomic_store(&x->release, true);
+  while (!atomic_load(&x->returned) || !atomic_load(&y->returned))
+    tu_sleep_ms(1);
+  *bad = NLATE;
+  for (unsigned k = 0; k < NLATE; k++) {
+    assert_int_equal(atomic_load(&sl[k].calls), 1);
+    if (sl[k].order != k && *bad == NLATE)
+      *bad = k;
+  }
+  return in_time;
+}
+
+static void test_late_catchup_order(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("timers of both shards overdue at once, no monitor");
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.flags = WEFT_CONFIG_NO_MONITOR;
+  weft_rt *rt;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  weft_strand *hx, *hy;
+  tu_strand_create(rt, &hx);
+  tu_strand_create(rt, &hy);
+  weft_strand **s = calloc(NLATE_CAND, sizeof *s);
+  weft_timer **cand = calloc(NLATE_CAND, sizeof *cand);
+  assert_true(s && cand);
+  for (unsigned i = 0; i < NLATE_CAND; i++) {
+    tu_strand_create(rt, &s[i]);
+    tu_assert_rc(weft_timer_create(rt, s[i], &cand[i]), 0);
+  }
+  late_slot sl[NLATE];
+  weft_timer *t[NLATE];
+  unsigned bad = NLATE, round = 0;
+  /* A round whose timers were not all armed before the first deadline (a
+   * slow moment) is redone with more margin. */
+  while (!late_round(hx, hy, cand, t, sl, 2u << round, &bad))
+    if (++round == 4)
+      fail_msg("arming %u timers took more than %u ms, 4 times", NLATE,
+               2u << (round - 1));
+  if (bad < NLATE)
+    fail_msg("timer %u of %u (homed on shard %u) ran as number %u: the "
+             "overdue timers of the two shards did not run in deadline "
+             "order",
+             bad, NLATE, weft__timer_home(t[bad])->idx, sl[bad].order);
+  for (unsigned i = 0; i < NLATE_CAND; i++) {
+    weft_timer_destroy(cand[i]);
+    weft_strand_release(s[i]);
+  }
+  weft_strand_release(hx);
+  weft_strand_release(hy);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  free(s);
+  free(cand);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_busy_workers),
       cmocka_unit_test(test_stuck_worker),
       cmocka_unit_test(test_stuck_and_busy),
+      cmocka_unit_test(test_late_catchup_order),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
