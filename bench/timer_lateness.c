@@ -12,10 +12,19 @@
  *  floor: the same timers with no runtime: --threads threads, each owning
  *    every threads-th timer in deadline order, 1 ns timer slack, sleeping to
  *    the next deadline (a) with clock_nanosleep(TIMER_ABSTIME), (b) with an
- *    absolute timerfd and epoll_wait. Each variant runs --seconds, the
- *    window weft gets: a maximum is the worst of the machine's hiccups in
- *    its window, and a window half as long meets fewer of them. The floor
- *    is the variant with the lower p99. No busy or blocked work.
+ *    absolute timerfd and epoll_wait. Each variant gets as many seconds as
+ *    weft: a maximum is the worst of the machine's hiccups in its window,
+ *    and a window half as long meets fewer of them. The floor is the
+ *    variant with the lower p99. No busy or blocked work.
+ *  slices: the three windows are interleaved, --slices of them each
+ *    (default 6): weft, nanosleep, timerfd, then again in a rotated order,
+ *    each slice --seconds / --slices long, so that all three meet the
+ *    hiccups of the same minutes. A guest's vCPU stops for 6-9 ms every
+ *    second or so, now and then both at once (see BENCHMARKS.md); with one
+ *    window after the other, a maximum said more about which window met
+ *    the longest stop than about what was measured. --slices 1: one
+ *    window each, one after the other. Each slice starts afresh (a new
+ *    runtime, new threads) and has its own warm-up.
  *  vcpu stall: nothing but one thread per CPU, pinned to it, SCHED_FIFO
  *    (when permitted), 1 ns slack, sleeping to a deadline every 1 ms for
  *    --seconds; the worst oversleep (vcpu_stall_max_us) and the time spent
@@ -36,13 +45,13 @@
  *  cpu_ms_per_s: the process's CPU time per second of the sampling window,
  *    for weft and each floor variant (each runs alone in the process).
  *
- * Samples: after a 0.2 s warm-up, deadlines in a window of --seconds;
+ * Samples: after a 0.2 s warm-up, deadlines in each slice's window;
  * nearest-rank percentiles; "missed" counts periods skipped by a timer more
  * than a period late. weft's counters go to stderr. The last line is one JSON
  * object; ratios are weft's p99 over the other's (below 1: weft is better).
  *   build/bench/timer_lateness [--timers T] [--period-us P] [--seconds S]
- *     [--threads N] [--busy K] [--blocked K] [--no-peer] [--no-spin]
- *     [--no-probe]
+ *     [--threads N] [--busy K] [--blocked K] [--slices N] [--no-peer]
+ *     [--no-spin] [--no-probe]
  */
 #include <weft.h>
 
@@ -66,7 +75,7 @@
 #define LEAD_NS 20000000ull /* set-up time before the first deadline */
 
 struct opts {
-  unsigned timers, period_us, threads, busy, blocked;
+  unsigned timers, period_us, threads, busy, blocked, slices;
   double seconds;
   bool peers, spin, probe;
 };
@@ -80,14 +89,17 @@ struct result {
   double cpu;
 };
 
-/* Lateness samples: timer i owns v[i * cap ...], n[i] of them; only
- * deadlines in [from, to) count. A timer is served by one thread at a time
- * (its strand, its floor thread), so no atomics. */
+/* Lateness samples of one variant over all its slices: timer i owns
+ * v[i * cap ...], n[i] of them; only deadlines in the current slice's
+ * [from, to) count. A timer is served by one thread at a time (its strand,
+ * its floor thread), so no atomics. cpu and wall add up the slices'
+ * sampling windows, missed their missed periods. */
 struct samples {
   int64_t *v;
   uint32_t *n;
   size_t cap;
   uint64_t from, to;
+  uint64_t cpu, wall, missed;
 };
 
 static uint64_t clock_ns(clockid_t c) {
@@ -98,18 +110,20 @@ static uint64_t clock_ns(clockid_t c) {
 
 static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
-/* Process CPU ms per wall second since (*cpu0, *wall0). */
-static double cpu_rate(uint64_t cpu0, uint64_t wall0) {
-  uint64_t wall = now_ns() - wall0;
-  return wall ? (double)(clock_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0) * 1e3 /
-                    (double)wall
-              : 0;
-}
-
 static void sleep_until(uint64_t t) {
   struct timespec ts = {(time_t)(t / 1000000000u), (long)(t % 1000000000u)};
   while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
     ;
+}
+
+/* Sleeps through s's window, adding the process's CPU time and the wall
+ * time of [from, to) to s. */
+static void sample_window(struct samples *s) {
+  sleep_until(s->from);
+  uint64_t cpu0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), wall0 = now_ns();
+  sleep_until(s->to);
+  s->cpu += clock_ns(CLOCK_PROCESS_CPUTIME_ID) - cpu0;
+  s->wall += now_ns() - wall0;
 }
 
 static void die(const char *what, int err) {
@@ -121,15 +135,21 @@ static uint64_t first_deadline(const struct opts *o, uint64_t t0, unsigned i) {
   return t0 + (uint64_t)i * o->period_us * 1000 / o->timers;
 }
 
-static void samples_init(struct samples *s, const struct opts *o, uint64_t t0,
-                         double seconds) {
-  s->from = t0 + WARMUP_NS;
-  s->to = s->from + (uint64_t)(seconds * 1e9);
-  s->cap = (s->to - s->from) / (o->period_us * 1000ull) + 2;
+static void samples_init(struct samples *s, const struct opts *o) {
+  *s = (struct samples){0};
+  uint64_t slice = (uint64_t)(o->seconds * 1e9 / o->slices);
+  s->cap = (slice / (o->period_us * 1000ull) + 2) * o->slices;
   s->v = malloc((size_t)o->timers * s->cap * sizeof(*s->v));
   s->n = calloc(o->timers, sizeof(*s->n));
   if (!s->v || !s->n)
     die("samples", -ENOMEM);
+}
+
+/* The next slice's window: deadlines from t0 + warm-up, one slice long. */
+static void samples_window(struct samples *s, const struct opts *o,
+                           uint64_t t0) {
+  s->from = t0 + WARMUP_NS;
+  s->to = s->from + (uint64_t)(o->seconds * 1e9 / o->slices);
 }
 
 /* Records a sample of timer i; false if its deadline is not in the window. */
@@ -147,10 +167,10 @@ static int cmp_i64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Percentiles of all samples, in us; frees them. */
-static struct result summarize(struct samples *s, unsigned timers,
-                               uint64_t missed) {
-  struct result r = {.missed = missed};
+/* Percentiles of all samples, in us, and CPU per second; frees them. */
+static struct result summarize(struct samples *s, unsigned timers) {
+  struct result r = {.missed = s->missed};
+  r.cpu = s->wall ? (double)s->cpu * 1e3 / (double)s->wall : 0;
   size_t n = 0;
   for (unsigned i = 0; i < timers; i++) {
     memmove(s->v + n, s->v + i * s->cap, s->n[i] * sizeof(*s->v));
@@ -170,7 +190,7 @@ static struct result summarize(struct samples *s, unsigned timers,
 
 /* ---- weft ---- */
 
-static struct samples wsamples;
+static struct samples *wsamples;
 static uint64_t wperiod;
 static atomic_bool stop;
 
@@ -187,7 +207,7 @@ static void on_timer(void *arg, int status, uint64_t missed) {
   if (status)
     return;
   w->k += missed;
-  if (record(&wsamples, w->i, w->first + w->k++ * wperiod, now))
+  if (record(wsamples, w->i, w->first + w->k++ * wperiod, now))
     w->missed += missed;
 }
 
@@ -208,7 +228,13 @@ static void blocked(void *arg) {
     usleep(1000);
 }
 
-static struct result run_weft(const struct opts *o) {
+/* weft's counters over all slices, for stderr. */
+static unsigned long long wst_fired, wst_parks, wst_steals, wst_stalls,
+    wst_handoffs;
+static unsigned wst_threads;
+
+/* One slice of weft into *ws: a fresh runtime, its timers and strands. */
+static void run_weft(const struct opts *o, struct samples *ws) {
   weft_config cfg;
   weft_config_init(&cfg);
   cfg.workers = o->threads;
@@ -220,6 +246,8 @@ static struct result run_weft(const struct opts *o) {
   if (r)
     die("weft_rt_create", r);
   wperiod = o->period_us * 1000ull;
+  wsamples = ws;
+  atomic_store(&stop, false);
   struct wtimer *w = calloc(o->timers, sizeof(*w));
   if (!w)
     die("calloc", -ENOMEM);
@@ -232,42 +260,34 @@ static struct result run_weft(const struct opts *o) {
         (r = weft_post(s, i < o->busy ? busy : blocked, s)))
       die("post", r);
   uint64_t t0 = now_ns() + LEAD_NS;
-  samples_init(&wsamples, o, t0, o->seconds);
+  samples_window(ws, o, t0);
   for (unsigned i = 0; i < o->timers; i++) {
     w[i].i = i;
     w[i].first = first_deadline(o, t0, i);
     if ((r = weft_timer_start_at(w[i].t, w[i].first, wperiod, on_timer, &w[i])))
       die("weft_timer_start_at", r);
   }
-  sleep_until(wsamples.from);
-  uint64_t cpu0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), wall0 = now_ns();
-  sleep_until(wsamples.to);
-  double cpu = cpu_rate(cpu0, wall0);
-  sleep_until(wsamples.to + LEAD_NS);
+  sample_window(ws);
+  sleep_until(ws->to + LEAD_NS);
   atomic_store(&stop, true);
   weft_stats st;
   weft_rt_stats(rt, &st);
-  fprintf(stderr,
-          "weft: timers_fired %llu parks %llu steals %llu stalls %llu "
-          "handoffs %llu threads %u\n",
-          (unsigned long long)st.total.timers_fired,
-          (unsigned long long)st.total.parks,
-          (unsigned long long)st.total.steals,
-          (unsigned long long)st.total.stalls,
-          (unsigned long long)st.total.handoffs, st.threads);
+  wst_fired += st.total.timers_fired;
+  wst_parks += st.total.parks;
+  wst_steals += st.total.steals;
+  wst_stalls += st.total.stalls;
+  wst_handoffs += st.total.handoffs;
+  if (st.threads > wst_threads)
+    wst_threads = st.threads;
   /* The strands are left to weft_rt_destroy, which frees them. */
   for (unsigned i = 0; i < o->timers; i++)
     weft_timer_destroy(w[i].t);
   if ((r = weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN)))
     die("weft_rt_shutdown", r);
   weft_rt_destroy(rt);
-  uint64_t missed = 0;
   for (unsigned i = 0; i < o->timers; i++)
-    missed += w[i].missed;
+    ws->missed += w[i].missed;
   free(w);
-  struct result res = summarize(&wsamples, o->timers, missed);
-  res.cpu = cpu;
-  return res;
 }
 
 /* ---- kernel floor ---- */
@@ -321,27 +341,21 @@ static void *floor_thread(void *p) {
   return NULL;
 }
 
-static struct result run_floor(const struct opts *o, bool tfd) {
-  struct samples s;
+/* One slice of the floor into *s (tfd: the timerfd variant). */
+static void run_floor(const struct opts *o, bool tfd, struct samples *s) {
   unsigned nt = o->threads < o->timers ? o->threads : o->timers;
   pthread_t th[WEFT_MAX_WORKERS];
   struct floor_arg a[WEFT_MAX_WORKERS];
   uint64_t t0 = now_ns() + LEAD_NS;
-  samples_init(&s, o, t0, o->seconds);
+  samples_window(s, o, t0);
   for (unsigned j = 0; j < nt; j++) {
-    a[j] = (struct floor_arg){o, &s, t0, j, nt, tfd};
+    a[j] = (struct floor_arg){o, s, t0, j, nt, tfd};
     if (pthread_create(&th[j], NULL, floor_thread, &a[j]))
       die("pthread_create", -EAGAIN);
   }
-  sleep_until(s.from);
-  uint64_t cpu0 = clock_ns(CLOCK_PROCESS_CPUTIME_ID), wall0 = now_ns();
-  sleep_until(s.to);
-  double cpu = cpu_rate(cpu0, wall0);
+  sample_window(s);
   for (unsigned j = 0; j < nt; j++)
     pthread_join(th[j], NULL);
-  struct result res = summarize(&s, o->timers, 0);
-  res.cpu = cpu;
-  return res;
 }
 
 /* ---- vCPU stall probe ---- */
@@ -440,7 +454,7 @@ static struct result run_peer(const struct opts *o, const char *name) {
 static void usage(void) {
   fprintf(stderr, "usage: timer_lateness [--timers T] [--period-us P] "
                   "[--seconds S] [--threads N] [--busy K] [--blocked K] "
-                  "[--no-peer] [--no-spin] [--no-probe]\n");
+                  "[--slices N] [--no-peer] [--no-spin] [--no-probe]\n");
   exit(2);
 }
 
@@ -475,11 +489,17 @@ static void parse(int argc, char **argv, struct opts *o) {
       o->busy = num(v, 0, 1024);
     else if (!strcmp(a, "--blocked"))
       o->blocked = num(v, 0, 64);
+    else if (!strcmp(a, "--slices"))
+      o->slices = num(v, 1, 100);
     else if (strcmp(a, "--seconds") || (o->seconds = strtod(v, &end), *end) ||
              !(o->seconds >= 0.1 && o->seconds <= 600))
       usage();
   }
-  if (o->timers * (o->seconds * 1e3 / o->period_us + 2) > 2e8) {
+  if (o->seconds / o->slices < 0.1) {
+    fprintf(stderr, "timer_lateness: slices shorter than 0.1 s\n");
+    exit(2);
+  }
+  if (o->timers * (o->seconds * 1e3 / o->period_us + 2.0 * o->slices) > 2e8) {
     fprintf(stderr, "timer_lateness: more than 2e8 samples\n");
     exit(2);
   }
@@ -505,11 +525,33 @@ static void emit(const char *name, const char *prefix, const struct result *r) {
 
 int main(int argc, char **argv) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 3, true,
+  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 6, 3, true,
                    true, true};
   parse(argc, argv, &o);
-  struct result w = run_weft(&o), pa = {0}, pu = {0};
-  struct result fa = run_floor(&o, false), fb = run_floor(&o, true);
+  struct samples sw, sa, sb;
+  samples_init(&sw, &o);
+  samples_init(&sa, &o);
+  samples_init(&sb, &o);
+  /* Slice k runs the three in the order rotated by k. */
+  for (unsigned k = 0; k < o.slices; k++)
+    for (unsigned v = 0; v < 3; v++)
+      switch ((k + v) % 3) {
+      case 0:
+        run_weft(&o, &sw);
+        break;
+      case 1:
+        run_floor(&o, false, &sa);
+        break;
+      default:
+        run_floor(&o, true, &sb);
+      }
+  fprintf(stderr,
+          "weft: timers_fired %llu parks %llu steals %llu stalls %llu "
+          "handoffs %llu threads %u (%u slices)\n",
+          wst_fired, wst_parks, wst_steals, wst_stalls, wst_handoffs,
+          wst_threads, o.slices);
+  struct result w = summarize(&sw, o.timers), pa = {0}, pu = {0};
+  struct result fa = summarize(&sa, o.timers), fb = summarize(&sb, o.timers);
   const struct result *f = fb.ok && (!fa.ok || fb.p99 < fa.p99) ? &fb : &fa;
   double stall_max = 0, stall_ms = 0;
   bool stall_rt = false;
@@ -519,12 +561,13 @@ int main(int argc, char **argv) {
     pa = run_peer(&o, "asio_timer_lateness");
     pu = run_peer(&o, "uv_timer_lateness");
   }
-  printf("timer_lateness: %u timers, period %u us, %g s, %u threads, busy "
-         "%u, blocked %u%s; lateness in us, process CPU in ms per s\n"
+  printf("timer_lateness: %u timers, period %u us, %g s in %u slices, %u "
+         "threads, busy %u, blocked %u%s; lateness in us, process CPU in ms "
+         "per s\n"
          "%-16s %10s %10s %10s %10s %8s %8s\n",
-         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked,
-         o.spin ? "" : ", no spin", "", "p50", "p99", "max", "samples",
-         "missed", "cpu");
+         o.timers, o.period_us, o.seconds, o.slices, o.threads, o.busy,
+         o.blocked, o.spin ? "" : ", no spin", "", "p50", "p99", "max",
+         "samples", "missed", "cpu");
   emit("weft", "", &w);
   size_t l = strlen(js);
   snprintf(js + l, sizeof(js) - l,
@@ -558,9 +601,9 @@ int main(int argc, char **argv) {
              p[i]->p99 > 0 ? w.p99 / p[i]->p99 : 0);
   }
   printf("{\"bench\":\"timer_lateness\",\"timers\":%u,\"period_us\":%u,"
-         "\"seconds\":%g,\"threads\":%u,\"busy\":%u,\"blocked\":%u,"
-         "\"spin\":%s%s}\n",
-         o.timers, o.period_us, o.seconds, o.threads, o.busy, o.blocked,
-         o.spin ? "true" : "false", js);
+         "\"seconds\":%g,\"slices\":%u,\"threads\":%u,\"busy\":%u,"
+         "\"blocked\":%u,\"spin\":%s%s}\n",
+         o.timers, o.period_us, o.seconds, o.slices, o.threads, o.busy,
+         o.blocked, o.spin ? "true" : "false", js);
   return 0;
 }
