@@ -19,10 +19,11 @@
  *  slices: the three windows are interleaved, --slices of them each
  *    (default 6): weft, nanosleep, timerfd, then again in a rotated order,
  *    each slice --seconds / --slices long, so that all three meet the
- *    hiccups of the same minutes. A guest's vCPU stops for 6-9 ms every
- *    second or so, now and then both at once (see BENCHMARKS.md); with one
- *    window after the other, a maximum said more about which window met
- *    the longest stop than about what was measured. --slices 1: one
+ *    hiccups of the same minutes. On the 2-vCPU guest this was written
+ *    on, a vCPU stops for 6-9 ms every second or so, now and then both at
+ *    once (BENCHMARKS.md); with one window after the other, a maximum
+ *    said more about which window met the longest stop than about what
+ *    was measured. --slices 1: one
  *    window each, one after the other. Each slice starts afresh (a new
  *    runtime, new threads) and has its own warm-up.
  *  vcpu stall: nothing but one thread per CPU, pinned to it, SCHED_FIFO
