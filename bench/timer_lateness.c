@@ -46,6 +46,14 @@
  *  cpu_ms_per_s: the process's CPU time per second of the sampling window,
  *    for weft and each floor variant (each runs alone in the process).
  *
+ * episodes: a stop of the machine shows as a burst of samples more than
+ *   0.5 ms late (firings less than 2 ms apart); a burst of at least
+ *   timers / 2 of them is an episode. Its stall is the time from the
+ *   earliest deadline in it to its first firing, its excess the worst
+ *   lateness in it minus the stall: what serving the timers that fell due
+ *   added to the stop itself. Reported per variant: episodes,
+ *   episode_excess_p50_us, episode_excess_max_us.
+ *
  * Samples: after a 0.2 s warm-up, deadlines in each slice's window;
  * nearest-rank percentiles; "missed" counts periods skipped by a timer more
  * than a period late. weft's counters go to stderr. The last line is one JSON
@@ -88,6 +96,16 @@ struct result {
   unsigned long long n, missed;
   bool ok;
   double cpu;
+  unsigned episodes;
+  double ex_p50, ex_max;
+};
+
+#define LATE_NS 500000u        /* a sample this late may be in an episode */
+#define LATE_CAP 400000u       /* late samples kept per variant */
+#define EPISODE_GAP_NS 2000000 /* firings further apart: another burst */
+
+struct late {
+  uint64_t fired, deadline;
 };
 
 /* Lateness samples of one variant over all its slices: timer i owns
@@ -101,6 +119,10 @@ struct samples {
   size_t cap;
   uint64_t from, to;
   uint64_t cpu, wall, missed;
+  /* Samples later than LATE_NS, from any thread: a slot each by fetch_add;
+   * read after the threads are joined or the runtime destroyed. */
+  struct late *late;
+  atomic_size_t nlate;
 };
 
 static uint64_t clock_ns(clockid_t c) {
@@ -142,7 +164,8 @@ static void samples_init(struct samples *s, const struct opts *o) {
   s->cap = (slice / (o->period_us * 1000ull) + 2) * o->slices;
   s->v = malloc((size_t)o->timers * s->cap * sizeof(*s->v));
   s->n = calloc(o->timers, sizeof(*s->n));
-  if (!s->v || !s->n)
+  s->late = malloc(LATE_CAP * sizeof(*s->late));
+  if (!s->v || !s->n || !s->late)
     die("samples", -ENOMEM);
 }
 
@@ -160,7 +183,53 @@ static inline bool record(struct samples *s, unsigned i, uint64_t deadline,
     return false;
   if (s->n[i] < s->cap)
     s->v[i * s->cap + s->n[i]++] = (int64_t)(now - deadline);
+  if (now - deadline > LATE_NS) {
+    size_t k = atomic_fetch_add_explicit(&s->nlate, 1, memory_order_relaxed);
+    if (k < LATE_CAP)
+      s->late[k] = (struct late){now, deadline};
+  }
   return true;
+}
+
+static int cmp_fired(const void *a, const void *b) {
+  uint64_t x = ((const struct late *)a)->fired,
+           y = ((const struct late *)b)->fired;
+  return x < y ? -1 : x > y;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* The episodes among s's late samples (see the top of this file). */
+static void episodes(struct samples *s, unsigned timers, struct result *r) {
+  size_t n = atomic_load(&s->nlate);
+  if (n > LATE_CAP)
+    n = LATE_CAP;
+  qsort(s->late, n, sizeof(*s->late), cmp_fired);
+  double *ex = malloc((n / (timers / 2 + 1) + 1) * sizeof(*ex));
+  if (!ex)
+    die("episodes", -ENOMEM);
+  unsigned ne = 0;
+  for (size_t a = 0, b; a < n; a = b) {
+    uint64_t lo = s->late[a].deadline, worst = 0;
+    for (b = a; b < n && (b == a || s->late[b].fired - s->late[b - 1].fired <
+                                        EPISODE_GAP_NS);
+         b++) {
+      if (s->late[b].deadline < lo)
+        lo = s->late[b].deadline;
+      if (s->late[b].fired - s->late[b].deadline > worst)
+        worst = s->late[b].fired - s->late[b].deadline;
+    }
+    if (b - a >= timers / 2 + 1 || (timers < 2 && b > a))
+      ex[ne++] = ((double)worst - (double)(s->late[a].fired - lo)) / 1e3;
+  }
+  qsort(ex, ne, sizeof(*ex), cmp_dbl);
+  r->episodes = ne;
+  r->ex_p50 = ne ? ex[ne / 2] : 0;
+  r->ex_max = ne ? ex[ne - 1] : 0;
+  free(ex);
 }
 
 static int cmp_i64(const void *a, const void *b) {
@@ -184,8 +253,10 @@ static struct result summarize(struct samples *s, unsigned timers) {
     r.max = s->v[n - 1] / 1e3;
   }
   r.n = n;
+  episodes(s, timers, &r);
   free(s->v);
   free(s->n);
+  free(s->late);
   return r;
 }
 
@@ -443,9 +514,12 @@ static struct result run_peer(const struct opts *o, const char *name) {
   for (int i = 0; i < 5; i++)
     bench_json_num(line, keys[i], &x[i]);
   if (strstr(line, "\"p99_us\":"))
-    r = (struct result){
-        x[0], x[1], x[2], (unsigned long long)x[3], (unsigned long long)x[4],
-        true, 0};
+    r = (struct result){.p50 = x[0],
+                        .p99 = x[1],
+                        .max = x[2],
+                        .n = (unsigned long long)x[3],
+                        .missed = (unsigned long long)x[4],
+                        .ok = true};
   free(out);
   return r;
 }
@@ -509,8 +583,11 @@ static void parse(int argc, char **argv, struct opts *o) {
 /* Prints r as a table row and appends it to the JSON line in js. */
 static char js[4096];
 static void emit(const char *name, const char *prefix, const struct result *r) {
-  printf("%-16s %10.2f %10.2f %10.2f %10llu %8llu %8.0f\n", name, r->p50,
-         r->p99, r->max, r->n, r->missed, r->cpu);
+  printf("%-16s %10.2f %10.2f %10.2f %10llu %8llu %8.0f", name, r->p50, r->p99,
+         r->max, r->n, r->missed, r->cpu);
+  if (r->cpu > 0) /* ours, not a peer's: its episodes were counted */
+    printf(" %8u %10.2f", r->episodes, r->ex_max);
+  printf("\n");
   size_t l = strlen(js);
   snprintf(js + l, sizeof(js) - l,
            ",\"%sp50_us\":%.2f,\"%sp99_us\":%.2f,\"%smax_us\":%.2f,"
@@ -521,6 +598,11 @@ static void emit(const char *name, const char *prefix, const struct result *r) {
     l = strlen(js);
     snprintf(js + l, sizeof(js) - l, ",\"%scpu_ms_per_s\":%.0f", prefix,
              r->cpu);
+    l = strlen(js);
+    snprintf(js + l, sizeof(js) - l,
+             ",\"%sepisodes\":%u,\"%sepisode_excess_p50_us\":%.2f,"
+             "\"%sepisode_excess_max_us\":%.2f",
+             prefix, r->episodes, prefix, r->ex_p50, prefix, r->ex_max);
   }
 }
 
@@ -565,10 +647,10 @@ int main(int argc, char **argv) {
   printf("timer_lateness: %u timers, period %u us, %g s in %u slices, %u "
          "threads, busy %u, blocked %u%s; lateness in us, process CPU in ms "
          "per s\n"
-         "%-16s %10s %10s %10s %10s %8s %8s\n",
+         "%-16s %10s %10s %10s %10s %8s %8s %8s %10s\n",
          o.timers, o.period_us, o.seconds, o.slices, o.threads, o.busy,
          o.blocked, o.spin ? "" : ", no spin", "", "p50", "p99", "max",
-         "samples", "missed", "cpu");
+         "samples", "missed", "cpu", "episodes", "excess max");
   emit("weft", "", &w);
   size_t l = strlen(js);
   snprintf(js + l, sizeof(js) - l,
