@@ -47,8 +47,9 @@
  *    for weft and each floor variant (each runs alone in the process).
  *
  * episodes: a stop of the machine shows as a burst of samples more than
- *   0.5 ms late (firings less than 2 ms apart); a burst of at least
- *   timers / 2 of them is an episode. Its stall is the time from the
+ *   0.5 ms late (firings less than 2 ms apart); a burst of more than
+ *   timers / 2 of them is an episode (the first 400000 late samples of a
+ *   variant are kept). Its stall is the time from the
  *   earliest deadline in it to its first firing, its excess the worst
  *   lateness in it minus the stall: what serving the timers that fell due
  *   added to the stop itself. Reported per variant: episodes,
