@@ -348,6 +348,17 @@ static void test_stuck_worker(void **state) {
  * so that a failure leaves nothing running on this test's stack. */
 #define NSTUCKBUSY 16
 
+/* Two workers and no monitor: a held worker keeps its shard. */
+static weft_rt *rt_two_no_monitor(void) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.flags = WEFT_CONFIG_NO_MONITOR;
+  weft_rt *rt;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  return rt;
+}
+
 static stuck g_sb_stuck;
 static looper g_sb_loop;
 
@@ -355,12 +366,7 @@ static void test_stuck_and_busy(void **state) {
   (void)state;
   tu_reset_async_errors();
   tu_phase("timers with a stuck worker and a busy one, no monitor");
-  weft_config cfg;
-  weft_config_init(&cfg);
-  cfg.workers = 2;
-  cfg.flags = WEFT_CONFIG_NO_MONITOR;
-  weft_rt *rt;
-  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  weft_rt *rt = rt_two_no_monitor();
   weft_strand *held;
   tu_strand_create(rt, &held);
   stuck *st = &g_sb_stuck;
@@ -504,12 +510,7 @@ static void test_late_catchup_order(void **state) {
   (void)state;
   tu_reset_async_errors();
   tu_phase("timers of both shards overdue at once, no monitor");
-  weft_config cfg;
-  weft_config_init(&cfg);
-  cfg.workers = 2;
-  cfg.flags = WEFT_CONFIG_NO_MONITOR;
-  weft_rt *rt;
-  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  weft_rt *rt = rt_two_no_monitor();
   weft_strand *hx, *hy;
   tu_strand_create(rt, &hx);
   tu_strand_create(rt, &hy);
