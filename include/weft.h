@@ -115,12 +115,17 @@ typedef struct weft_config {
   /* WEFT_CONFIG_* bits; others must be zero. */
   unsigned flags;
   /* A handler running longer than this is a stall: its shard (run queue,
-   * timers) is handed to a spare thread and the stall is reported. The
-   * monitor looks every half threshold, so a blocked handler is noticed
-   * between the threshold and 1.5 times it (one that computes, a look
-   * later; each look up to a tenth of a look late, its timer slack); under
-   * load each look costs the machine a thread wakeup, 2000 a second at the
-   * default (docs/design.md). 0: 1 ms (1000000). At least 50000 (50 us). */
+   * timers) is handed to a spare thread and the stall is reported. While
+   * the runtime runs fewer than 100,000 handlers a second per shard, its
+   * threads stamp each handler's start (a clock read) and the monitor
+   * looks when a handler could be 1.4 thresholds old, at most that far
+   * apart; with more handlers it looks every half threshold. Either way a
+   * blocked handler is noticed between the threshold and 1.5 times it (one
+   * that computes, a look later; each look up to a twentieth of a
+   * threshold late, its timer slack). Under load each look costs the
+   * machine a thread wakeup: about 700 a second at the default with
+   * stamps, 2000 without (docs/design.md). 0: 1 ms (1000000). At least
+   * 50000 (50 us). */
   uint64_t stall_threshold_ns;
   /* Most threads the runtime may run for its shards, spares included.
    * 0: 2 * workers + 4. At least workers. */

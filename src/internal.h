@@ -417,6 +417,9 @@ struct weft__thread {
   /* the backend it sleeps in (park.c, io.c), NULL otherwise */
   _Atomic(struct weft__io *) io_sleep;
   _Atomic uint64_t hstate;
+  /* when the handler of hstate's epoch began (CLOCK_MONOTONIC ns), or 0
+   * when the runtime does not stamp handlers (rt->stamp; monitor.c) */
+  _Atomic uint64_t hstart;
   uint64_t epoch;
   /* 0; 1: the monitor took the shard; 2: the thread saw it (monitor.c) */
   _Atomic uint32_t taken;
@@ -483,6 +486,7 @@ struct weft_rt {
   struct weft__pool sock_pool;
   unsigned timer_slack_ns;
   unsigned timer_spin_ns;          /* 0: never spin */
+  _Atomic uint32_t stamp;          /* handlers record their start (monitor.c) */
   pthread_attr_t thread_attr;      /* stack size of every runtime thread */
   pthread_attr_t lazy_attr;        /* the same and the creator's CPU affinity */
   int backend;                     /* WEFT_BACKEND_URING, _EPOLL or _NONE */
@@ -580,6 +584,10 @@ static inline void weft__handler_enter(struct weft__thread *t, void *fn,
   t->epoch++;
   weft__store(&t->cur_fn, fn, WA_RLX);
   weft__store(&t->cur_strand, (void *)s, WA_RLX);
+  /* release, before the epoch's hstate: the monitor's acquire loads
+   * (monitor.c, known_start). A clock read only while the monitor asks. */
+  weft__store(&t->hstart,
+              weft__load(&t->rt->stamp, WA_RLX) ? weft__now_ns() : 0, WA_REL);
   t->in_handler = true;
   weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_IN, WEFT_HS_STORE_MO);
 }

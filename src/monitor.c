@@ -36,6 +36,15 @@
  *
  * The spare inherits T's place in the park protocol (T was unparked and
  * not searching), so the idle accounting does not change at a handoff.
+ *
+ * When to look (scan's return). Sampled, a handler is known to run since
+ * the first look that saw its epoch, so looks come every half threshold.
+ * Stamped (rt->stamp on: few handlers, stamp_mode), T stores each
+ * handler's start in hstart before its hstate; the monitor looks when the
+ * oldest running handler is 1.4 thresholds old, and at most that far
+ * apart: a handler that began during the sleep is then seen by its start
+ * + 1.4 thresholds as well. Both notice a blocked handler between 1 and
+ * 1.5 thresholds (weft.h; docs/design.md, "Stamps and samples").
  */
 #include "internal.h"
 
@@ -58,6 +67,7 @@ struct weft__monitor {
   _Atomic uint32_t stop;
   bool handoff_ok;
   uint64_t tick_ns;
+  uint64_t last_scan; /* when scan last ran, for the handler rate */
   uint64_t *last_hs, *since;
   struct weft__thread **last_t;
   bool *reported, *handed;
@@ -321,26 +331,82 @@ static bool preempted(struct weft__monitor *m, unsigned i,
   return first || used * 4 < wall; /* first look: decide next tick */
 }
 
+/* When the handler of epoch hs>>2 began, if its thread stamped it; 0 if
+ * not, or if the thread moved on meanwhile. The thread stores hstart
+ * (release) before that epoch's hstate (release), and the next epoch's
+ * hstart only after storing OUT for this one. hs was loaded with acquire,
+ * so this load sees the epoch's own stamp or a later one; a later one was
+ * stored after OUT, so the second, acquire, load of hstate would then see
+ * OUT or a later epoch. Still IN or BUSY in the same epoch: s is its own. */
+static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
+  uint64_t s = weft__load(&t->hstart, WA_ACQ);
+  uint64_t h2 = weft__load(&t->hstate, WA_ACQ);
+  return (h2 >> 2) == (hs >> 2) && (h2 & 3) != WEFT_HS_OUT ? s : 0;
+}
+
+/* Handlers per second and shard under which threads stamp their handlers
+ * (one clock read each, 20-30 ns: at most 0.3% of a thread's time here),
+ * and twice it, over which they stop. The post benchmark's handlers run
+ * at tens of millions a second: there a clock read per handler would
+ * double their cost, and the monitor samples instead. */
+#define STAMP_RATE_MAX 100000u
+
+/* Turns stamping on or off from the handler rate since the last scan
+ * (handlers counts the epochs the shards' threads went through). */
+static void stamp_mode(weft_rt *rt, struct weft__monitor *m, uint64_t handlers,
+                       uint64_t now) {
+  uint64_t span = now - m->last_scan;
+  m->last_scan = now;
+  if (!span || span > 1000000000u)
+    return; /* the first scan, or after an idle sleep: no rate */
+  uint64_t lim = (uint64_t)STAMP_RATE_MAX * rt->nshards * span / 1000000000u;
+  uint32_t on = weft__load(&rt->stamp, WA_RLX);
+  if (!on && handlers < lim)
+    weft__store(&rt->stamp, 1, WA_REL);
+  else if (on && handlers > 2 * lim)
+    weft__store(&rt->stamp, 0, WA_REL);
+}
+
 /* Per shard the monitor remembers what it last saw (owner thread and its
- * hstate), since when, and whether that handler was reported and handed
- * off: a handler that runs for seconds is reported once. */
-static void scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
+ * hstate), since when (the handler's stamped start, or the first look that
+ * saw it), and whether that handler was reported and handed off: a handler
+ * that runs for seconds is reported once. Returns when to look next. */
+static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
+  bool stamping = weft__load(&rt->stamp, WA_RLX);
+  /* A stamped handler is noticed at its start + wait: within the promise
+   * of weft.h (between 1 and 1.5 thresholds, the timer slack of a tenth
+   * of a tick included); so is one that begins while the monitor sleeps,
+   * as no sleep is longer than wait. */
+  uint64_t wait = rt->stall_ns + 4 * rt->stall_ns / 10;
+  uint64_t next = now + (stamping ? wait : m->tick_ns), handlers = 0;
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
     struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
     uint64_t hs = weft__load(&t->hstate, WA_ACQ);
+    bool in = (hs & 3) != WEFT_HS_OUT;
+    if (t == m->last_t[i])
+      handlers += (hs >> 2) - (m->last_hs[i] >> 2);
     /* One handler is one epoch; IN and BUSY alternate within it. */
-    bool same = (hs & 3) != WEFT_HS_OUT && t == m->last_t[i] &&
-                (hs >> 2) == (m->last_hs[i] >> 2);
+    bool same = in && t == m->last_t[i] && (hs >> 2) == (m->last_hs[i] >> 2);
     m->last_hs[i] = hs;
     if (!same) {
+      uint64_t start = in ? known_start(t, hs) : 0;
       m->last_t[i] = t;
-      m->since[i] = now;
+      m->since[i] = start ? start : now;
       m->reported[i] = m->handed[i] = false;
+      if (in && !start)
+        next = now + m->tick_ns; /* its start is unknown: sample it */
+      if (!start)
+        continue;
+    }
+    if (now - m->since[i] < rt->stall_ns) {
+      if (m->since[i] + wait < next)
+        next = m->since[i] + wait;
       continue;
     }
-    if (now - m->since[i] < rt->stall_ns || m->handed[i])
+    if (m->handed[i])
       continue;
+    next = now + m->tick_ns; /* past the threshold: decided within a tick */
     if ((hs & 3) != WEFT_HS_IN)
       continue; /* BUSY: it is using its shard right now; next tick */
     weft_stall st = {.shard = i, .running_ns = now - m->since[i]};
@@ -362,14 +428,18 @@ static void scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
       report(rt, m, st, now);
     }
   }
+  stamp_mode(rt, m, handlers, now);
+  if (stamping != weft__load(&rt->stamp, WA_RLX))
+    next = now + m->tick_ns; /* threads see the change before a long sleep */
+  return next;
 }
 
 static bool runtime_idle(weft_rt *rt) {
   return (weft__load(&rt->idle.state, WA_SC) >> 32) == 0;
 }
 
-/* Ticks of continuous idleness before the monitor sleeps until nudged. A
- * server under load parks and unparks all its threads thousands of times
+/* Continuous idleness (in ticks) before the monitor sleeps until nudged.
+ * A server under load parks and unparks all its threads thousands of times
  * a second; a monitor that slept at each idle moment cost each of those
  * unparks a futex wake and itself a context switch. 64 ticks: 32 ms. */
 #define IDLE_TICKS_BEFORE_SLEEP 64
@@ -377,7 +447,8 @@ static bool runtime_idle(weft_rt *rt) {
 static void *monitor_main(void *arg) {
   weft_rt *rt = arg;
   struct weft__monitor *m = rt->monitor;
-  unsigned idle_ticks = 0;
+  uint64_t idle_since = 0; /* 0: not idle at the last look */
+  uint64_t next = weft__now_ns() + m->tick_ns;
   /* Its own timer slack, not the creating thread's: an application thread
    * with a slack of milliseconds (PR_SET_TIMERSLACK, systemd's
    * TimerSlackNSec=) would otherwise stretch every tick by that much, and
@@ -387,9 +458,11 @@ static void *monitor_main(void *arg) {
   prctl(PR_SET_TIMERSLACK,
         (unsigned long)(m->tick_ns / 10 ? m->tick_ns / 10 : 1), 0, 0, 0);
   while (!weft__load(&m->stop, WA_ACQ)) {
+    uint64_t now = weft__now_ns();
     bool idle = runtime_idle(rt);
-    idle_ticks = idle ? idle_ticks + 1 : 0;
-    if (idle && idle_ticks > IDLE_TICKS_BEFORE_SLEEP) {
+    if (!idle || !idle_since)
+      idle_since = idle ? now : 0;
+    if (idle && now - idle_since > IDLE_TICKS_BEFORE_SLEEP * m->tick_ns) {
       /* Nothing runs: sleep until a thread unparks (weft__monitor_nudge).
        * sleeping and idle.state are both seq_cst: either we see the
        * unpark, or the unparker sees sleeping and wakes us. */
@@ -398,11 +471,13 @@ static void *monitor_main(void *arg) {
         weft__futex_wait(&m->wake, 0);
       weft__store(&m->sleeping, 0, WA_SC);
       weft__store(&m->wake, 0, WA_RLX);
+      idle_since = 0;
+      next = weft__now_ns(); /* look at once */
       continue;
     }
-    weft__futex_wait_until(&m->wake, 0, weft__now_ns() + m->tick_ns);
+    weft__futex_wait_until(&m->wake, 0, next);
     weft__store(&m->wake, 0, WA_RLX);
-    scan(rt, m, weft__now_ns());
+    next = scan(rt, m, weft__now_ns());
   }
   return NULL;
 }
