@@ -116,7 +116,7 @@ typedef struct weft_config {
   unsigned flags;
   /* A handler running longer than this is a stall: its shard (run queue,
    * timers) is handed to a spare thread and the stall is reported. While
-   * the runtime runs fewer than 100,000 handlers a second per shard, its
+   * no shard runs 100,000 handlers a second or more, the runtime's
    * threads stamp each handler's start (a clock read) and the monitor
    * looks when a handler could be 1.4 thresholds old, at most that far
    * apart; with more handlers it looks every half threshold. Either way a

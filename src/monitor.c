@@ -67,10 +67,12 @@ struct weft__monitor {
   _Atomic uint32_t stop;
   bool handoff_ok;
   uint64_t tick_ns;
-  uint64_t last_scan; /* when scan last ran, for the handler rate */
+  uint64_t last_scan; /* when scan last ran, for the handler rate; 0: none
+                         since the monitor last slept idle */
   uint64_t *last_hs, *since;
   struct weft__thread **last_t;
   bool *reported, *handed;
+  bool *sampled;               /* since is a look's time, not a stamp */
   uint64_t *cpu_mark, *cpu_at; /* the stuck thread's CPU time, and when */
   uint64_t last_print_ns, suppressed;
 };
@@ -344,28 +346,30 @@ static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
   return (h2 >> 2) == (hs >> 2) && (h2 & 3) != WEFT_HS_OUT ? s : 0;
 }
 
-/* Handlers per second and shard under which threads stamp their handlers
- * (one clock read each, 20-30 ns: at most 0.3% of a thread's time here),
- * and twice it, over which they stop. The post benchmark's handlers run
+/* Handlers per second on the busiest shard under which threads stamp
+ * their handlers (one clock read each, 20-30 ns: at most 0.3% of a
+ * thread's time here), and twice it, over which they stop. The post benchmark's handlers run
  * at tens of millions a second: there a clock read per handler would
  * double their cost, and the monitor samples instead. */
 #define STAMP_RATE_MAX 100000u
 
-/* Turns stamping on or off from the handler rate since the last scan
- * (handlers counts the epochs the shards' threads went through). */
-static void stamp_mode(weft_rt *rt, struct weft__monitor *m, uint64_t handlers,
+/* Turns stamping on or off from the busiest shard's handler rate since
+ * the last scan (busiest: the epochs its thread went through). */
+static void stamp_mode(weft_rt *rt, struct weft__monitor *m, uint64_t busiest,
                        uint64_t now) {
-  uint64_t span = now - m->last_scan;
+  uint64_t span = m->last_scan ? now - m->last_scan : 0;
   m->last_scan = now;
-  if (!span || span > 1000000000u)
-    return; /* the first scan, or after an idle sleep: no rate */
-  uint64_t lim = (uint64_t)STAMP_RATE_MAX * rt->nshards * span / 1000000000u;
+  if (!span)
+    return; /* the first scan, or the first after an idle sleep: no rate */
+  uint64_t lim = (uint64_t)STAMP_RATE_MAX * span / 1000000000u;
   uint32_t on = weft__load(&rt->stamp, WA_RLX);
-  if (!on && handlers < lim)
+  if (!on && busiest < lim)
     weft__store(&rt->stamp, 1, WA_REL);
-  else if (on && handlers > 2 * lim)
+  else if (on && busiest > 2 * lim)
     weft__store(&rt->stamp, 0, WA_REL);
 }
+
+static inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
 
 /* Per shard the monitor remembers what it last saw (owner thread and its
  * hstate), since when (the handler's stamped start, or the first look that
@@ -376,16 +380,17 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
   /* A stamped handler is noticed at its start + wait: within the promise
    * of weft.h (between 1 and 1.5 thresholds, the timer slack of a tenth
    * of a tick included); so is one that begins while the monitor sleeps,
-   * as no sleep is longer than wait. */
+   * as no sleep is longer than wait. A sampled one (its since is the
+   * first look that saw it) needs a look every tick, stamping or not. */
   uint64_t wait = rt->stall_ns + 4 * rt->stall_ns / 10;
-  uint64_t next = now + (stamping ? wait : m->tick_ns), handlers = 0;
+  uint64_t next = now + (stamping ? wait : m->tick_ns), busiest = 0;
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
     struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
     uint64_t hs = weft__load(&t->hstate, WA_ACQ);
     bool in = (hs & 3) != WEFT_HS_OUT;
-    if (t == m->last_t[i])
-      handlers += (hs >> 2) - (m->last_hs[i] >> 2);
+    if (t == m->last_t[i] && (hs >> 2) - (m->last_hs[i] >> 2) > busiest)
+      busiest = (hs >> 2) - (m->last_hs[i] >> 2);
     /* One handler is one epoch; IN and BUSY alternate within it. */
     bool same = in && t == m->last_t[i] && (hs >> 2) == (m->last_hs[i] >> 2);
     m->last_hs[i] = hs;
@@ -393,23 +398,26 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
       uint64_t start = in ? known_start(t, hs) : 0;
       m->last_t[i] = t;
       m->since[i] = start ? start : now;
+      m->sampled[i] = in && !start;
       m->reported[i] = m->handed[i] = false;
-      if (in && !start)
-        next = now + m->tick_ns; /* its start is unknown: sample it */
-      if (!start)
+      if (!in)
         continue;
     }
-    if (now - m->since[i] < rt->stall_ns) {
-      if (m->since[i] + wait < next)
-        next = m->since[i] + wait;
+    if (m->sampled[i])
+      next = min_u64(next, now + m->tick_ns);
+    /* A stamp can be later than now: taken after this scan read the
+     * clock. That handler has run for no time yet. */
+    uint64_t ran = now > m->since[i] ? now - m->since[i] : 0;
+    if (ran < rt->stall_ns) {
+      next = min_u64(next, m->since[i] + wait);
       continue;
     }
     if (m->handed[i])
       continue;
-    next = now + m->tick_ns; /* past the threshold: decided within a tick */
+    next = min_u64(next, now + m->tick_ns); /* decided within a tick */
     if ((hs & 3) != WEFT_HS_IN)
       continue; /* BUSY: it is using its shard right now; next tick */
-    weft_stall st = {.shard = i, .running_ns = now - m->since[i]};
+    weft_stall st = {.shard = i, .running_ns = ran};
     if (preempted(m, i, t, now) || !stuck_in(t, hs, &st))
       continue;
     int r = m->handoff_ok ? handoff(rt, sh, t, hs) : -1;
@@ -418,7 +426,7 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
     if (r > 0) {
       m->handed[i] = true;
       weft__stat_add(&sh->st_handoffs, 1);
-    } else if (m->handoff_ok && now - m->since[i] < 4 * rt->stall_ns) {
+    } else if (m->handoff_ok && ran < 4 * rt->stall_ns) {
       continue; /* a spare is starting: report if still none in a while */
     }
     if (!m->reported[i]) {
@@ -428,9 +436,9 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
       report(rt, m, st, now);
     }
   }
-  stamp_mode(rt, m, handlers, now);
+  stamp_mode(rt, m, busiest, now);
   if (stamping != weft__load(&rt->stamp, WA_RLX))
-    next = now + m->tick_ns; /* threads see the change before a long sleep */
+    next = min_u64(next, now + m->tick_ns); /* seen before a long sleep */
   return next;
 }
 
@@ -467,6 +475,7 @@ static void *monitor_main(void *arg) {
        * sleeping and idle.state are both seq_cst: either we see the
        * unpark, or the unparker sees sleeping and wakes us. */
       weft__store(&m->sleeping, 1, WA_SC);
+      m->last_scan = 0; /* the time asleep says nothing of the rate */
       if (runtime_idle(rt) && !weft__load(&m->stop, WA_SC))
         weft__futex_wait(&m->wake, 0);
       weft__store(&m->sleeping, 0, WA_SC);
@@ -488,6 +497,7 @@ static void monitor_free(struct weft__monitor *m) {
   free(m->last_t);
   free(m->reported);
   free(m->handed);
+  free(m->sampled);
   free(m->cpu_mark);
   free(m->cpu_at);
   free(m);
@@ -502,10 +512,11 @@ int weft__monitor_start(weft_rt *rt) {
   m->last_t = calloc(rt->nshards, sizeof(*m->last_t));
   m->reported = calloc(rt->nshards, sizeof(bool));
   m->handed = calloc(rt->nshards, sizeof(bool));
+  m->sampled = calloc(rt->nshards, sizeof(bool));
   m->cpu_mark = calloc(rt->nshards, sizeof(uint64_t));
   m->cpu_at = calloc(rt->nshards, sizeof(uint64_t));
   if (!m->last_hs || !m->since || !m->last_t || !m->reported || !m->handed ||
-      !m->cpu_mark || !m->cpu_at) {
+      !m->sampled || !m->cpu_mark || !m->cpu_at) {
     monitor_free(m);
     return -ENOMEM;
   }

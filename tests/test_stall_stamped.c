@@ -9,11 +9,13 @@
  *    re-posts itself). The monitor turns stamping on (rt->stamp; waited
  *    for, bounded). A sleeper on another strand (20 ms, threshold 2 ms):
  *    exactly one report names it, with running_ns >= the threshold, made
- *    while it was inside; its thread had stamped it (hstart != 0).
+ *    while it was inside; its thread had stamped it (hstart != 0). No
+ *    report claims more time than has passed since the sleeper was posted
+ *    (a stamp newer than the monitor's clock once made it wrap).
  *  - Busy: two strands re-post an empty handler without end. The monitor
  *    turns stamping off (waited for). A sleeper is reported the same way.
  *  - No monitor (WEFT_CONFIG_NO_MONITOR): nothing turns stamping on, and
- *    handlers are not stamped.
+ *    no handler is stamped (hstart stays 0).
  * Reports naming the ticker are not counted: a 200 us handler is
  * legitimately reported if its thread loses its CPU for the threshold.
  */
@@ -27,6 +29,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_reports;      /* naming the sleeper */
 static weft_stall g_report;     /* the first of them */
 static uint64_t g_report_stamp; /* rt->stamp when it was made */
+static uint64_t g_report_at;    /* the clock in the callback */
 static weft_rt *g_rt;
 
 static void sleeper(void *arg);
@@ -39,6 +42,7 @@ static void on_stall(const weft_stall *st, void *ctx) {
   if (!g_reports++) {
     g_report = *st;
     g_report_stamp = atomic_load(&g_rt->stamp);
+    g_report_at = tu_now_ns();
   }
   pthread_mutex_unlock(&g_mu);
 }
@@ -71,10 +75,12 @@ static void sleeper(void *arg) {
  * after which their strands can be released (a released strand takes no
  * more posts). */
 static atomic_bool g_stop;
-static tu_count g_quit, g_ticks;
+static tu_count g_quit, g_ticks, g_stamped_ticks;
 
 static void ticker(void *arg) {
   atomic_fetch_add(&g_ticks, 1);
+  if (atomic_load(&weft__self()->hstart))
+    atomic_fetch_add(&g_stamped_ticks, 1);
   usleep(200);
   if (atomic_load(&g_stop))
     atomic_fetch_add(&g_quit, 1);
@@ -124,6 +130,7 @@ static weft_rt *make_rt(unsigned flags) {
 static void sleeper_reported(weft_rt *rt, bool stamped) {
   weft_strand *s;
   tu_strand_create(rt, &s);
+  uint64_t posted = tu_now_ns();
   assert_int_equal(weft_post(s, sleeper, NULL), 0);
   tu_wait_count(&g_slept, 1, "the sleeper");
   weft_strand_release(s);
@@ -131,6 +138,10 @@ static void sleeper_reported(weft_rt *rt, bool stamped) {
   if (g_report.running_ns < THRESHOLD_NS)
     fail_msg("reported after %" PRIu64 " ns, under the threshold %u",
              g_report.running_ns, THRESHOLD_NS);
+  if (g_report.running_ns > g_report_at - posted)
+    fail_msg("reported as running %" PRIu64 " ns, only %" PRIu64
+             " ns after it was posted",
+             g_report.running_ns, g_report_at - posted);
   assert_ptr_equal(g_report.strand, s);
   if (stamped) {
     assert_int_equal(g_report_stamp, 1);
@@ -193,9 +204,11 @@ static void test_no_monitor(void **state) {
   weft_strand *tk;
   tu_strand_create(rt, &tk);
   assert_int_equal(weft_post(tk, ticker, tk), 0);
+  atomic_store(&g_stamped_ticks, 0);
   uint64_t until = atomic_load(&g_ticks) + 50;
   tu_wait_count(&g_ticks, until, "50 ticks");
   assert_int_equal(atomic_load(&rt->stamp), 0);
+  assert_int_equal(atomic_load(&g_stamped_ticks), 0);
   stop_and_destroy(rt, &tk, 1);
   assert_int_equal(reports(), 0);
   TU_ASSERT_NO_ASYNC_ERRORS();
