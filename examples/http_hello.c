@@ -59,6 +59,7 @@ struct hconn {
   unsigned ops;
   bool closing; /* weft_tcp_close was called */
   bool last;    /* the final response is queued: close when it is sent */
+  bool nodelay; /* TCP_NODELAY is set */
   size_t len;   /* bytes in buf */
   size_t scan;  /* buf[0, scan) holds no complete request */
   char buf[BUF_SIZE];
@@ -144,6 +145,14 @@ static void respond(struct hconn *h, size_t count, bool close) {
   size_t keep = close ? count - 1 : count;
   weft_write_fn fn = track ? on_write : NULL;
   int r;
+  /* Nagle's algorithm would hold a response back only behind an earlier
+   * one not yet acknowledged: a connection that stays open needs
+   * TCP_NODELAY, one closed after its first answer does not (nginx's
+   * tcp_nodelay does the same), and is spared the system call. */
+  if (!close && !h->nodelay) {
+    weft_tcp_nodelay(h->c, 1);
+    h->nodelay = true;
+  }
   if (close && keep) {
     struct iovec iov[2] = {{many, keep * KEEP_LEN},
                            {(void *)resp_close, sizeof(resp_close) - 1}};
@@ -220,9 +229,8 @@ static void on_accept(void *arg, weft_tcp *c) {
   }
   h->c = c;
   h->ops = 0;
-  h->closing = h->last = false;
+  h->closing = h->last = h->nodelay = false;
   h->len = h->scan = 0;
-  weft_tcp_nodelay(c, 1);
   hconn_read(h);
   hconn_maybe_free(h);
 }
