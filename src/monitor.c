@@ -348,9 +348,9 @@ static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
 
 /* Handlers per second on the busiest shard under which threads stamp
  * their handlers (one clock read each, 20-30 ns: at most 0.3% of a
- * thread's time here), and twice it, over which they stop. The post benchmark's handlers run
- * at tens of millions a second: there a clock read per handler would
- * double their cost, and the monitor samples instead. */
+ * thread's time here), and twice it, over which they stop. The post
+ * benchmark's handlers run at tens of millions a second: there a clock
+ * read per handler would double their cost, and the monitor samples. */
 #define STAMP_RATE_MAX 100000u
 
 /* Turns stamping on or off from the busiest shard's handler rate since
