@@ -339,7 +339,10 @@ static bool preempted(struct weft__monitor *m, unsigned i,
  * hstart only after storing OUT for this one. hs was loaded with acquire,
  * so this load sees the epoch's own stamp or a later one; a later one was
  * stored after OUT, so the second, acquire, load of hstate would then see
- * OUT or a later epoch. Still IN or BUSY in the same epoch: s is its own. */
+ * OUT or a later epoch. Still IN or BUSY in the same epoch: s is its own.
+ * The clock is read just before the epoch begins: a thread descheduled in
+ * between counts that time as its handler's, as the shard waited all the
+ * same; preempted() then keeps it from being handed on at the first look. */
 static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
   uint64_t s = weft__load(&t->hstart, WA_ACQ);
   uint64_t h2 = weft__load(&t->hstate, WA_ACQ);
