@@ -386,6 +386,14 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
    * as no sleep is longer than wait. A sampled one (its since is the
    * first look that saw it) needs a look every tick, stamping or not. */
   uint64_t wait = rt->stall_ns + 4 * rt->stall_ns / 10;
+  /* Not covered: a thread that read the flag as off and then lost its
+   * CPU for half a threshold before publishing its epoch, while stamping
+   * turned on, publishes an unstamped handler after the monitor has
+   * begun sleeping long; it is sampled from the next look, at most 1.4
+   * thresholds on, so noticed by 2.4 thresholds after it began. The
+   * window is two stores in weft__handler_enter, and the thread was
+   * preempted in it (found by a review; the cost of closing it, a clock
+   * read per handler or a nudge of the monitor, was judged too high). */
   uint64_t next = now + (stamping ? wait : m->tick_ns), busiest = 0;
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
