@@ -116,7 +116,8 @@ typedef struct weft_config {
   unsigned flags;
   /* A handler running longer than this is a stall: its shard (run queue,
    * timers) is handed to a spare thread and the stall is reported. While
-   * no shard runs 100,000 handlers a second or more, the runtime's
+   * no shard runs 100,000 handlers a second or more (and the kernel has
+   * membarrier, 4.14), the runtime's
    * threads stamp each handler's start (a clock read) and the monitor
    * looks when a handler could be 1.4 thresholds old, at most that far
    * apart; with more handlers it looks every half threshold. Either way a

@@ -418,7 +418,8 @@ struct weft__thread {
   _Atomic(struct weft__io *) io_sleep;
   _Atomic uint64_t hstate;
   /* when the handler of hstate's epoch began (CLOCK_MONOTONIC ns), or 0
-   * when the runtime does not stamp handlers (rt->stamp; monitor.c) */
+   * when the runtime does not stamp handlers (rt->stamp; monitor.c), or
+   * WEFT_HSTART_LATE: stamping turned on while the epoch began */
   _Atomic uint64_t hstart;
   uint64_t epoch;
   /* 0; 1: the monitor took the shard; 2: the thread saw it (monitor.c) */
@@ -443,7 +444,9 @@ struct weft__thread {
 /* Stores of hstate and loads of taken: a release store and a relaxed load
  * with a compiler barrier between, the monitor's membarrier() supplying the
  * store-load fence (monitor.c). ThreadSanitizer does not know membarrier,
- * so its builds use seq_cst, which is a correct protocol on its own. */
+ * so its builds use seq_cst, which is a correct protocol on its own. The
+ * same goes for hstate and the second load of rt->stamp in
+ * weft__handler_enter, against the monitor's switch (stamp_mode). */
 #if defined(__SANITIZE_THREAD__)
 #define WEFT_TSAN 1
 #elif defined(__has_feature)
@@ -454,10 +457,15 @@ struct weft__thread {
 #ifdef WEFT_TSAN
 #define WEFT_HS_STORE_MO WA_SC
 #define WEFT_HS_LOAD_MO WA_SC
+#define WEFT_STAMP_REREAD_MO WA_SC
+#define WEFT_SCAN_HS_MO WA_SC
 #else
 #define WEFT_HS_STORE_MO WA_REL
 #define WEFT_HS_LOAD_MO WA_RLX
+#define WEFT_STAMP_REREAD_MO WA_RLX
+#define WEFT_SCAN_HS_MO WA_ACQ
 #endif
+#define WEFT_HSTART_LATE 1u /* no clock reads 1 */
 
 /* idle.state packs (unparked << 32) | searching; see park.c. */
 struct weft__idle {
@@ -586,10 +594,16 @@ static inline void weft__handler_enter(struct weft__thread *t, void *fn,
   weft__store(&t->cur_strand, (void *)s, WA_RLX);
   /* release, before the epoch's hstate: the monitor's acquire loads
    * (monitor.c, known_start). A clock read only while the monitor asks. */
-  weft__store(&t->hstart,
-              weft__load(&t->rt->stamp, WA_RLX) ? weft__now_ns() : 0, WA_REL);
+  uint64_t start = weft__load(&t->rt->stamp, WA_RLX) ? weft__now_ns() : 0;
+  weft__store(&t->hstart, start, WA_REL);
   t->in_handler = true;
   weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_IN, WEFT_HS_STORE_MO);
+  /* Stamping may have turned on since the flag was read: say so, and the
+   * monitor, maybe asleep for 1.4 thresholds already, counts the handler
+   * from the switch (monitor.c, stamp_mode, has the argument). */
+  atomic_signal_fence(memory_order_seq_cst);
+  if (!start && weft__load(&t->rt->stamp, WEFT_STAMP_REREAD_MO))
+    weft__store(&t->hstart, WEFT_HSTART_LATE, WA_REL);
 }
 
 /* Returns the thread's shard, or NULL if the monitor took it meanwhile. */

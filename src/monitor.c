@@ -31,16 +31,18 @@
  * (shared/context/glommio-first-sleep-*; weft_rt_create took a median
  * 15 ms here for it, against 0.4-0.5 ms).
  * Without membarrier (old kernel, seccomp) stalls are reported, not handed
- * off. ThreadSanitizer builds use seq_cst stores and loads instead, a
- * correct Dekker protocol on its own that TSan can check.
+ * off, and handlers are never stamped (below). ThreadSanitizer builds use
+ * seq_cst stores and loads instead, a correct Dekker protocol on its own that
+ * TSan can check.
  *
  * The spare inherits T's place in the park protocol (T was unparked and
  * not searching), so the idle accounting does not change at a handoff.
  *
  * When to look (scan's return). Sampled, a handler is known to run since
  * the first look that saw its epoch, so looks come every half threshold.
- * Stamped (rt->stamp on: few handlers, stamp_mode), T stores each
- * handler's start in hstart before its hstate; the monitor looks when the
+ * Stamped (rt->stamp on: few handlers and membarrier, stamp_mode), T
+ * stores each handler's start in hstart before its hstate (and reads the
+ * flag again after it when it did not stamp); the monitor looks when the
  * oldest running handler is 1.4 thresholds old, and at most that far
  * apart: a handler that began during the sleep is then seen by its start
  * + 1.4 thresholds as well. Both notice a blocked handler between 1 and
@@ -72,7 +74,8 @@ struct weft__monitor {
   uint64_t *last_hs, *since;
   struct weft__thread **last_t;
   bool *reported, *handed;
-  bool *sampled;               /* since is a look's time, not a stamp */
+  bool *sampled;           /* since is a look's time, not a stamp */
+  uint64_t on_at, on_next; /* the last switch on's scan; the next's earliest */
   uint64_t *cpu_mark, *cpu_at; /* the stuck thread's CPU time, and when */
   uint64_t last_print_ns, suppressed;
 };
@@ -334,12 +337,16 @@ static bool preempted(struct weft__monitor *m, unsigned i,
 }
 
 /* When the handler of epoch hs>>2 began, if its thread stamped it; 0 if
- * not, or if the thread moved on meanwhile. The thread stores hstart
- * (release) before that epoch's hstate (release), and the next epoch's
+ * not, or if the thread moved on meanwhile; WEFT_HSTART_LATE if stamping
+ * turned on while it began (stamp_mode). The thread stores hstart
+ * (release), 0 when it does not stamp, before that epoch's hstate
+ * (release), maybe WEFT_HSTART_LATE just after it, and the next epoch's
  * hstart only after storing OUT for this one. hs was loaded with acquire,
- * so this load sees the epoch's own stamp or a later one; a later one was
- * stored after OUT, so the second, acquire, load of hstate would then see
- * OUT or a later epoch. Still IN or BUSY in the same epoch: s is its own.
+ * so this load sees the epoch's own first store (0 while a late one is
+ * not stored or not visible yet: then sampled), its late one, or a later
+ * epoch's; a later epoch's was stored after OUT, so the second, acquire,
+ * load of hstate would then see OUT or a later epoch. Still IN or BUSY in
+ * the same epoch: s is its own.
  * The clock is read just before the epoch begins: a thread descheduled in
  * between counts that time as its handler's, as the shard waited all the
  * same; preempted() then keeps it from being handed on at the first look. */
@@ -356,8 +363,47 @@ static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
  * read per handler would double their cost, and the monitor samples. */
 #define STAMP_RATE_MAX 100000u
 
+/* A full barrier on every thread of the runtime, after the flag's store
+ * (false: none). TSan builds need none: the flag's store, the scan's
+ * loads of hstate and the thread's side are all seq_cst there. */
+static bool stamp_fence(void) {
+#ifdef WEFT_TSAN
+  return true;
+#else
+  return syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+#endif
+}
+
+/* Ticks after a switch on before the next may happen: each costs every
+ * CPU running a thread of the process an interrupt (membarrier), and a
+ * bursty rate could otherwise switch every other tick. */
+#define STAMP_ON_GAP_TICKS 64
+
 /* Turns stamping on or off from the busiest shard's handler rate since
- * the last scan (busiest: the epochs its thread went through). */
+ * the last scan (busiest: the epochs its thread went through).
+ *
+ * Switching on: a thread that read the flag as off just before, and lost
+ * its CPU before publishing its epoch, would show an unstamped handler to
+ * a monitor that sleeps 1.4 thresholds from now on, and a stall there
+ * would be noticed by 2.4 thresholds. So the store is followed by a
+ * barrier on every thread (membarrier, as in handoff), and each thread
+ * reads the flag a second time after publishing its epoch, with a
+ * compiler barrier between (weft__handler_enter). The epoch's store is
+ * either before that thread's barrier, and then the look a tick from now
+ * (scan) sees the epoch, or after it, and then so is the second read,
+ * which sees the flag on: the thread stores WEFT_HSTART_LATE, which
+ * counts the handler from this scan's clock (m->on_at, read before this
+ * scan read any hstate). That is no later than the epoch's publication
+ * (after this scan read its shard, or this scan or an earlier look saw
+ * the epoch first and timed it), and no earlier than the thread's first
+ * read, less this scan's own microseconds: like a stamp, it counts the
+ * time the thread lost before publishing, as the shard waited all the
+ * same. A later switch on cannot move it: m->on_at changes only after the
+ * scan that switched has looked at every shard. A look between the
+ * publication and the late store sees hstart 0 and samples the handler
+ * from then, as any first look does. Without the barrier (no membarrier:
+ * an old kernel, seccomp) the monitor never stamps.
+ * Switching off needs nothing: sampling is always safe. */
 static void stamp_mode(weft_rt *rt, struct weft__monitor *m, uint64_t busiest,
                        uint64_t now) {
   uint64_t span = m->last_scan ? now - m->last_scan : 0;
@@ -366,10 +412,15 @@ static void stamp_mode(weft_rt *rt, struct weft__monitor *m, uint64_t busiest,
     return; /* the first scan, or the first after an idle sleep: no rate */
   uint64_t lim = (uint64_t)STAMP_RATE_MAX * span / 1000000000u;
   uint32_t on = weft__load(&rt->stamp, WA_RLX);
-  if (!on && busiest < lim)
-    weft__store(&rt->stamp, 1, WA_REL);
-  else if (on && busiest > 2 * lim)
+  if (!on && busiest < lim && m->handoff_ok && now >= m->on_next) {
+    m->on_at = now;
+    m->on_next = now + STAMP_ON_GAP_TICKS * m->tick_ns;
+    weft__store(&rt->stamp, 1, WA_SC);
+    if (!stamp_fence())
+      weft__store(&rt->stamp, 0, WA_REL); /* ENOMEM: sample instead */
+  } else if (on && busiest > 2 * lim) {
     weft__store(&rt->stamp, 0, WA_REL);
+  }
 }
 
 static inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
@@ -386,19 +437,11 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
    * as no sleep is longer than wait. A sampled one (its since is the
    * first look that saw it) needs a look every tick, stamping or not. */
   uint64_t wait = rt->stall_ns + 4 * rt->stall_ns / 10;
-  /* Not covered: a thread that read the flag as off and then lost its
-   * CPU for half a threshold before publishing its epoch, while stamping
-   * turned on, publishes an unstamped handler after the monitor has
-   * begun sleeping long; it is sampled from the next look, at most 1.4
-   * thresholds on, so noticed by 2.4 thresholds after it began. The
-   * window is two stores in weft__handler_enter, and the thread was
-   * preempted in it (found by a review; the cost of closing it, a clock
-   * read per handler or a nudge of the monitor, was judged too high). */
   uint64_t next = now + (stamping ? wait : m->tick_ns), busiest = 0;
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
     struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
-    uint64_t hs = weft__load(&t->hstate, WA_ACQ);
+    uint64_t hs = weft__load(&t->hstate, WEFT_SCAN_HS_MO);
     bool in = (hs & 3) != WEFT_HS_OUT;
     if (t == m->last_t[i] && (hs >> 2) - (m->last_hs[i] >> 2) > busiest)
       busiest = (hs >> 2) - (m->last_hs[i] >> 2);
@@ -407,6 +450,8 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
     m->last_hs[i] = hs;
     if (!same) {
       uint64_t start = in ? known_start(t, hs) : 0;
+      if (start == WEFT_HSTART_LATE)
+        start = m->on_at; /* stamp_mode */
       m->last_t[i] = t;
       m->since[i] = start ? start : now;
       m->sampled[i] = in && !start;
@@ -448,8 +493,10 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
     }
   }
   stamp_mode(rt, m, busiest, now);
+  /* Switched: a look within a tick, so that a handler published unstamped
+   * before the switch's barrier is seen and sampled (stamp_mode). */
   if (stamping != weft__load(&rt->stamp, WA_RLX))
-    next = min_u64(next, now + m->tick_ns); /* seen before a long sleep */
+    next = min_u64(next, now + m->tick_ns);
   return next;
 }
 
