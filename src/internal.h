@@ -379,7 +379,8 @@ struct weft__shard {
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
   _Atomic(struct weft__io *) io;
   /* owner only: firing a batch of timers, whose pushes notify parked
-   * threads once after tlock is released instead of once each (timer.c) */
+   * threads once after tlock is released instead of once each (timer.c),
+   * or reaping completions (io_uring.c, REAP_SHARE_MIN) */
   bool quiet;
   /* sockets registered here, for the shutdown sweep (tcp.c) */
   pthread_mutex_t tcp_lock;
