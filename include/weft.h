@@ -488,7 +488,11 @@ WEFT_API int weft_tcp_read(weft_tcp *c, void *buf, size_t len, weft_read_fn fn,
                            void *arg);
 
 /* Queues len bytes to send; fn (may be NULL) runs once when they are sent
- * or failed. A zero-length write is accepted and completes in order.
+ * or failed. The bytes are not copied: buf must stay valid and unchanged
+ * until fn runs (with fn NULL: until the close callback). With io_uring
+ * they leave at the thread's next entry into the kernel, which batches
+ * the replies of a burst of requests (docs/design.md). A zero-length
+ * write is accepted and completes in order.
  * Errors: -EINVAL, -ENOBUFS (queued bytes would exceed the high watermark;
  * a write into an empty queue is always accepted), -EPIPE (after
  * weft_tcp_shutdown or a failed write), -ENOTCONN, -EBADF, -EPERM,

@@ -8,6 +8,13 @@
  * pending receive was submitted by a thread that is then stuck: its
  * completion still has to reach the spare thread that holds the shard now
  * (io_uring.c, tcp_recv.c: a completion is finished by its submitter).
+ *
+ * Reply, then stuck: with one worker, a handler writes its echo and posts
+ * a handler that gets stuck to another strand, which the same thread runs
+ * next. With io_uring the echo is a ring entry that leaves at the thread's
+ * next kernel entry (tcp.c, send_submit), which the stuck handler delays:
+ * the echo must still arrive while that handler runs (the monitor hands
+ * the shard, ring included, to a spare, which submits it).
  */
 #include "testutil.h"
 
@@ -40,10 +47,16 @@ static void on_written(void *arg, weft_tcp *c, int status) {
   weft_tcp_close(c, 0, on_closed, e);
 }
 
+static void stuck(void *arg);
+static weft_strand *g_stall_strand; /* reply, then stuck: its strand */
+
 static void on_read(void *arg, weft_tcp *c, long n) {
   struct econn *e = arg;
-  if (n > 0 && weft_tcp_write(c, e->buf, (size_t)n, on_written, e) == 0)
+  if (n > 0 && weft_tcp_write(c, e->buf, (size_t)n, on_written, e) == 0) {
+    if (g_stall_strand && n >= 5 && memcmp(e->buf, "stall", 5) == 0)
+      TU_CHECK_RC(weft_post(g_stall_strand, stuck, NULL), 0);
     return;
+  }
   weft_tcp_close(c, 0, on_closed, e);
 }
 
@@ -138,6 +151,44 @@ static void run(bool spin) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+static void test_reply_then_stuck(void **state) {
+  (void)state;
+  weft_rt *rt;
+  tu_rt_create(&rt, 1, 0);
+  tu_assert_backend(rt);
+  atomic_store(&g_closed, 0);
+  atomic_store(&g_echo_done, false);
+  atomic_store(&g_stuck_returned, 0);
+  atomic_store(&g_stuck_entered, 0);
+  assert_int_equal(pipe(g_pipe), 0);
+  tu_strand_create(rt, &g_stall_strand);
+  weft_listener *l;
+  uint16_t port = tu_tcp_listen(rt, NULL, on_accept, NULL, &l);
+  int fd = tu_sock_connect(port, 0, 0);
+  assert_true(fd >= 0);
+  tu_phase("reply, then stuck");
+  char back[5];
+  assert_int_equal(tu_sock_send_all(fd, "stall", 5), 0);
+  assert_int_equal(tu_sock_recv_all(fd, back, 5), 0);
+  assert_memory_equal(back, "stall", 5);
+  /* The echo came while the stuck handler ran (it returns only after
+   * this), or before it began. */
+  assert_int_equal(atomic_load(&g_stuck_returned), 0);
+  atomic_store(&g_echo_done, true);
+  assert_int_equal(write(g_pipe[1], "x", 1), 1);
+  tu_wait_count(&g_stuck_returned, 1, "the stuck handler returns");
+  close(g_pipe[0]);
+  close(g_pipe[1]);
+  close(fd);
+  tu_wait_count(&g_closed, 1, "server connection closed");
+  weft_strand_release(g_stall_strand);
+  g_stall_strand = NULL;
+  assert_int_equal(weft_listener_close(l, NULL, NULL), 0);
+  assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 static void test_stuck_sleeping(void **state) {
   (void)state;
   run(false);
@@ -153,6 +204,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stuck_sleeping),
       cmocka_unit_test(test_stuck_spinning),
+      cmocka_unit_test(test_reply_then_stuck),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
