@@ -97,15 +97,21 @@ static void echo_round(int *fds, int round) {
   }
 }
 
-static void run(bool spin) {
+/* A runtime of workers threads, the counters reset, the pipe open. */
+static weft_rt *setup(unsigned workers) {
   weft_rt *rt;
-  tu_rt_create(&rt, WORKERS, 0);
+  tu_rt_create(&rt, workers, 0);
   tu_assert_backend(rt);
   atomic_store(&g_closed, 0);
   atomic_store(&g_echo_done, false);
   atomic_store(&g_stuck_returned, 0);
   atomic_store(&g_stuck_entered, 0);
   assert_int_equal(pipe(g_pipe), 0);
+  return rt;
+}
+
+static void run(bool spin) {
+  weft_rt *rt = setup(WORKERS);
   weft_listener *l;
   uint16_t port = tu_tcp_listen(rt, NULL, on_accept, NULL, &l);
   int fds[CONNS];
@@ -153,14 +159,7 @@ static void run(bool spin) {
 
 static void test_reply_then_stuck(void **state) {
   (void)state;
-  weft_rt *rt;
-  tu_rt_create(&rt, 1, 0);
-  tu_assert_backend(rt);
-  atomic_store(&g_closed, 0);
-  atomic_store(&g_echo_done, false);
-  atomic_store(&g_stuck_returned, 0);
-  atomic_store(&g_stuck_entered, 0);
-  assert_int_equal(pipe(g_pipe), 0);
+  weft_rt *rt = setup(1);
   tu_strand_create(rt, &g_stall_strand);
   weft_listener *l;
   uint16_t port = tu_tcp_listen(rt, NULL, on_accept, NULL, &l);
