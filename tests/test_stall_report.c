@@ -194,6 +194,31 @@ static void short_handler(void *arg) {
   atomic_fetch_add(&g_short_done, 1);
 }
 
+/* The monitor counts a stall in the stats before it calls on_stall, and
+ * a report can come after weft_rt_shutdown has returned: a thread
+ * descheduled inside a short handler (TSan runs slowly on 2 vCPUs) has
+ * its shard handed on, the spare inherits its place in the park
+ * protocol, finds nothing, parks and so completes the shutdown, while the
+ * monitor has yet to count and report the stall (4 runs in 40 under TSan
+ * failed an exact comparison of the stats read after shutdown with the log
+ * read after destroy, before and after 2026-12-01's changes alike). So the
+ * stats and the log are compared once they agree, the log read first; the
+ * wait is bounded. */
+typedef struct stalls_logged {
+  weft_rt *rt;
+  weft_stats st;
+  unsigned n;
+} stalls_logged;
+
+static bool stalls_match(void *ctx, char *buf, size_t len) {
+  stalls_logged *w = ctx;
+  w->n = log_count();
+  tu_stats(w->rt, &w->st);
+  snprintf(buf, len, "stats.stalls %" PRIu64 ", %u reports", w->st.total.stalls,
+           w->n);
+  return w->st.total.stalls == w->n;
+}
+
 static void test_short_not_reported(void **state) {
   (void)state;
   tu_reset_async_errors();
@@ -211,10 +236,11 @@ static void test_short_not_reported(void **state) {
         weft_post(s[i % NSHORT_STRANDS], short_handler, &g_short[i]), 0);
   tu_wait_count(&g_short_done, NSHORT, "the short handlers");
   /* Everything has run; the monitor has seen what it was going to see.
-   * Shut down so that no tick is left, then read the log. */
+   * Shut down, let a report in progress finish, then read the log. */
   assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
-  weft_stats st;
-  tu_stats(rt, &st);
+  stalls_logged w = {.rt = rt};
+  tu_wait_until(stalls_match, &w, "every stall counted to be reported");
+  weft_stats st = w.st;
   assert_int_equal(weft_rt_destroy(rt), 0);
 
   for (unsigned i = 0; i < NSHORT; i++)
@@ -267,7 +293,9 @@ static void test_short_not_reported(void **state) {
     fail_msg("%u reports name the short handler, but at most %u of its "
              "runs were long enough to be noticed",
              named, could);
-  assert_int_equal(st.total.stalls, n);
+  /* Reports made after the wait (a thread still inside a short handler
+   * when it ended) are in n but not in st. */
+  assert_true(st.total.stalls <= n);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
