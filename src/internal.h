@@ -257,13 +257,23 @@ static inline void weft__rbuf_push(_Atomic(struct weft__rbuf *) *top,
 #define WEFT_RBUF_COUNT 128u /* a power of two */
 #define WEFT_RBUF_SIZE 4096u
 
+/* uring: a count that stays raised while an entry sits in a ring's SQ.
+ * The ring's holder drops it (seq_cst) after an enter that left the SQ
+ * empty, so a thread that sees it at 0 knows the kernel has consumed the
+ * entry (listen.c: accepts that must not race a descriptor shortage). */
+struct weft__sq_hold {
+  struct weft__sq_hold *next;
+  _Atomic uint32_t *count;
+};
+
 struct weft__io {
   int kind; /* WEFT_BACKEND_URING or WEFT_BACKEND_EPOLL */
   int efd;  /* eventfd: written to wake the holder from its wait */
   struct weft__shard *sh;
-  unsigned unsubmitted; /* uring: SQEs prepared and not yet entered */
-  bool wake_armed;      /* uring: a poll of efd is in the ring */
-  void *ring;           /* uring: struct io_uring */
+  unsigned unsubmitted;        /* uring: SQEs prepared and not yet entered */
+  struct weft__sq_hold *holds; /* uring: dropped at the next full enter */
+  bool wake_armed;             /* uring: a poll of efd is in the ring */
+  void *ring;                  /* uring: struct io_uring */
   /* uring: provided receive buffers, NULL if the kernel has none */
   void *br; /* struct io_uring_buf_ring */
   struct weft__rbuf *rbufs;
@@ -280,7 +290,7 @@ struct weft__io {
 /* An operation in the kernel (io_uring): its user_data is the socket's
  * address with one of these in the low bits; 0 is the wake poll. */
 #define WEFT_OP_READ 1u  /* receive, accept or connect */
-#define WEFT_OP_WRITE 2u /* send */
+#define WEFT_OP_WRITE 2u /* send; a listener's: accept (listen.c) */
 #define WEFT_OP_RECVM 3u /* multishot receive */
 #define WEFT_OP_MASK 3u
 /* user_data of requests whose completion nobody waits for (cancels) */
@@ -306,6 +316,17 @@ bool weft__io_wait(struct weft__thread *t, struct weft__io *io,
 bool weft__io_wake_thread(struct weft__thread *t);
 /* uring: an SQE of the shard's ring, NULL if the ring stays full. */
 struct io_uring_sqe *weft__uring_sqe(struct weft__shard *sh);
+/* uring: h->count, already raised by the caller, is dropped once the
+ * entries prepared so far in the shard's ring have been entered. */
+void weft__uring_hold(struct weft__shard *sh, struct weft__sq_hold *h);
+/* uring: after an io_uring_submit of io's ring that returned r. */
+void weft__uring_entered(struct weft__io *io, int r);
+/* uring: whether accept requests can be made that never wait in the
+ * kernel (IORING_ACCEPT_DONTWAIT, 6.10), as the probe ring found. */
+bool weft__uring_accept_nowait(void);
+/* uring: an accept of listening socket fd that never waits, for fds
+ * with flags (SOCK_CLOEXEC ...). */
+void weft__uring_prep_accept(struct io_uring_sqe *sqe, int fd, int flags);
 void weft__uring_reap(struct weft__io *io);
 int weft__uring_setup(struct weft__io *io, bool probe);
 void weft__uring_teardown(struct weft__io *io);
@@ -321,9 +342,10 @@ void weft__epoll_dispatch(struct weft__io *io);
  * while the op is in the kernel). */
 void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
                        uint64_t bits, uint32_t gen_tag);
-/* io_uring: the operation user_data names completed with res. */
+/* io_uring: the operation user_data names completed with res and the
+ * completion's flags. */
 void weft__sock_completed(struct weft__shard *local, uint64_t user_data,
-                          int32_t res);
+                          int32_t res, uint32_t flags);
 /* io_uring: a completion of a socket's multishot receive (tcp_recv.c) */
 void weft__sock_recvm(struct weft__io *io, uint64_t user_data, int32_t res,
                       uint32_t flags);
@@ -499,6 +521,7 @@ struct weft_rt {
   pthread_attr_t thread_attr;      /* stack size of every runtime thread */
   pthread_attr_t lazy_attr;        /* the same and the creator's CPU affinity */
   int backend;                     /* WEFT_BACKEND_URING, _EPOLL or _NONE */
+  bool ring_accept;                /* uring: accepts are ring requests */
   struct weft__io *ios;            /* one per shard, NULL for NONE */
   _Atomic uint32_t io_all;         /* every shard's backend is set up */
   pthread_mutex_t io_lock;         /* setting them up (weft__io_ensure) */

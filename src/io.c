@@ -196,6 +196,12 @@ int weft__io_init(weft_rt *rt, int backend) {
   if (!rt->ios)
     return -ENOMEM;
   rt->backend = backend;
+  /* WEFT_URING_ACCEPT=poll keeps listeners on poll and accept4(2) where
+   * the kernel has ring accepts that never wait (listen.c): the older
+   * kernels' path, for tests. */
+  const char *e = getenv("WEFT_URING_ACCEPT");
+  rt->ring_accept = backend == WEFT_BACKEND_URING &&
+                    weft__uring_accept_nowait() && !(e && !strcmp(e, "poll"));
   return 0;
 }
 

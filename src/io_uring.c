@@ -44,7 +44,14 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
+#include <unistd.h>
+
+#ifndef IORING_ACCEPT_DONTWAIT
+#define IORING_ACCEPT_DONTWAIT (1u << 1) /* 6.10; liburing 2.3 predates it */
+#endif
 
 /* Small: a ring costs setup time per shard at the first socket, and a full
  * SQ is just submitted early; completions beyond the CQ wait in the kernel
@@ -53,6 +60,47 @@
 #define CQ_ENTRIES 1024
 
 static struct io_uring *ring_of(struct weft__io *io) { return io->ring; }
+
+/* Set by the probe ring (once per process, as io.c caches the probe). */
+static _Atomic uint32_t accept_nowait;
+
+bool weft__uring_accept_nowait(void) {
+  return weft__load(&accept_nowait, WA_ACQ) != 0;
+}
+
+void weft__uring_prep_accept(struct io_uring_sqe *sqe, int fd, int flags) {
+  io_uring_prep_accept(sqe, fd, NULL, NULL, flags);
+  sqe->ioprio |= IORING_ACCEPT_DONTWAIT;
+}
+
+/* IORING_ACCEPT_DONTWAIT came in 6.10 with IORING_CQE_F_SOCK_NONEMPTY on
+ * accepts (set when more connections wait). With it, an accept of a
+ * listening socket that has none waiting completes with -EAGAIN; before,
+ * the flag is refused with -EINVAL. The socket: an autobound AF_UNIX one,
+ * which needs no address or network. */
+static void probe_accept(struct io_uring *ring) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_un a = {.sun_family = AF_UNIX};
+  struct io_uring_cqe *cqe;
+  if (fd < 0)
+    return;
+  struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
+  if (sqe && bind(fd, (struct sockaddr *)&a, sizeof(sa_family_t)) == 0 &&
+      listen(fd, 1) == 0) {
+    weft__uring_prep_accept(sqe, fd, SOCK_CLOEXEC);
+    if (io_uring_submit_and_wait(ring, 1) >= 0 &&
+        io_uring_peek_cqe(ring, &cqe) == 0) {
+      if (cqe->res == -EAGAIN)
+        weft__store(&accept_nowait, 1, WA_REL);
+      else if (cqe->res >= 0)
+        close(cqe->res);
+      io_uring_cqe_seen(ring, cqe);
+    }
+  } else if (sqe) {
+    io_uring_prep_nop(sqe); /* the ring is torn down next: harmless */
+  }
+  close(fd);
+}
 
 static int probe_ok(struct io_uring *ring) {
   static const int ops[] = {IORING_OP_RECV,     IORING_OP_SENDMSG,
@@ -66,6 +114,8 @@ static int probe_ok(struct io_uring *ring) {
     if (!io_uring_opcode_supported(p, ops[i]))
       r = -ENOSYS;
   io_uring_free_probe(p);
+  if (!r)
+    probe_accept(ring);
   return r;
 }
 
@@ -127,6 +177,30 @@ void weft__uring_teardown(struct weft__io *io) {
   weft__bufring_free(io);
 }
 
+/* Holds are dropped only once the SQ is empty: an enter may consume
+ * part of it (no memory for requests), and which part is not known. The
+ * holder reads the SQ head the kernel wrote in the enter it made. */
+void weft__uring_entered(struct weft__io *io, int r) {
+  if (r < 0)
+    return; /* errors leave the SQEs for the next try */
+  io->unsubmitted = 0;
+  struct weft__sq_hold *h = io->holds;
+  if (!h || io_uring_sq_ready(ring_of(io)))
+    return;
+  io->holds = NULL;
+  while (h) {
+    struct weft__sq_hold *next = h->next; /* h may be reused after */
+    weft__fetch_sub(h->count, 1, WA_SC);
+    h = next;
+  }
+}
+
+void weft__uring_hold(struct weft__shard *sh, struct weft__sq_hold *h) {
+  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
+  h->next = io->holds;
+  io->holds = h;
+}
+
 void weft__uring_submit(struct weft__io *io) {
   for (;;) {
     int r = io_uring_submit(ring_of(io));
@@ -134,7 +208,7 @@ void weft__uring_submit(struct weft__io *io) {
     if (r >= 0 || (r != -EINTR && r != -EBUSY && r != -EAGAIN)) {
       /* Errors other than those are about the ring itself, which we set
        * up correctly: they leave the SQEs for the next try. */
-      io->unsubmitted = r >= 0 ? 0 : io->unsubmitted;
+      weft__uring_entered(io, r);
       return;
     }
     if (r == -EINTR)
@@ -208,7 +282,7 @@ static void reap(struct weft__io *io) {
     if ((ud & WEFT_OP_MASK) == WEFT_OP_RECVM)
       weft__sock_recvm(io, ud, cqe->res, cqe->flags);
     else if (ud != WEFT_UD_QUIET)
-      weft__sock_completed(io->sh, ud, cqe->res);
+      weft__sock_completed(io->sh, ud, cqe->res, cqe->flags);
     events++;
   }
   if (n)
@@ -233,8 +307,7 @@ bool weft__uring_wait(struct weft__io *io, uint64_t deadline) {
   }
   struct io_uring_cqe *cqe;
   int r = io_uring_submit_and_wait_timeout(ring, &cqe, 1, tsp, NULL);
-  if (r >= 0 || r == -ETIME)
-    io->unsubmitted = 0;
+  weft__uring_entered(io, r == -ETIME ? 0 : r);
   /* Anything but the wake poll waiting? Those are dispatched once the
    * thread has left the sleepers (park.c). Wake polls alone are consumed
    * here, so that the next wait does not return at once for them. */

@@ -28,7 +28,8 @@
  * from then on until an accept succeeds with the spare back in place, every
  * shard accepts under the listener's limit_lock. Without a descriptor
  * shortage the accept path takes no lock: one RMW pair on `active` per
- * burst of up to 64 accepts.
+ * burst of up to 64 accepts, or per ring accept (ring_accept: its count
+ * stays up until the enter that runs it).
  */
 #include "tcp.h"
 
@@ -99,6 +100,16 @@ static void resume(void *arg, int status, uint64_t missed) {
   weft__sock_kick(s);
 }
 
+static void pause_backoff(struct weft__sock *s) {
+  s->paused = true;
+  weft__fetch_add(&s->lst->st_paused, 1, WA_RLX);
+  s->backoff_ns = s->backoff_ns ? s->backoff_ns * 2 : BACKOFF_MIN_NS;
+  if (s->backoff_ns > BACKOFF_MAX_NS)
+    s->backoff_ns = BACKOFF_MAX_NS;
+  if (weft_timer_start(s->timer, s->backoff_ns, 0, resume, s) < 0)
+    s->paused = false; /* shutting down: the sweep closes us */
+}
+
 /* Descriptors ran out: drop what waits, using the spare, then pause. */
 /* With limit_lock held. */
 static void fd_limit(struct weft__sock *s) {
@@ -126,13 +137,7 @@ static void fd_limit(struct weft__sock *s) {
     if (spare >= 0 && !weft__cas(&l->reserve, &none, spare, WA_REL, WA_RLX))
       close(spare); /* -1 (open failed): reopened on resume */
   }
-  s->paused = true;
-  weft__fetch_add(&l->st_paused, 1, WA_RLX);
-  s->backoff_ns = s->backoff_ns ? s->backoff_ns * 2 : BACKOFF_MIN_NS;
-  if (s->backoff_ns > BACKOFF_MAX_NS)
-    s->backoff_ns = BACKOFF_MAX_NS;
-  if (weft_timer_start(s->timer, s->backoff_ns, 0, resume, s) < 0)
-    s->paused = false; /* shutting down: the sweep closes us */
+  pause_backoff(s);
 }
 
 static void reopen_spare(struct weft_listener *l) {
@@ -175,9 +180,10 @@ static bool accepted(struct weft__sock *s, int fd) {
 }
 
 /* uring: wait for connections with a poll of the listening socket, then
- * accept them here. Not accept requests: one in flight in the kernel takes
- * a descriptor the moment one is free, racing the drop in fd_limit, whose
- * spare slot it would take (test_tcp_emfile lost clients that way). */
+ * accept them (ring_accept, or accept4). Not an accept request that waits:
+ * one in the kernel takes a descriptor the moment one is free, racing the
+ * drop in fd_limit, whose spare slot it would take (test_tcp_emfile lost
+ * clients that way). */
 static void poll_submit(struct weft__sock *s) {
   struct weft__shard *sh = weft__local_begin(s->rt);
   struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
@@ -203,19 +209,40 @@ static void accept_burst(struct weft__sock *s) {
   weft__sock_kick(s); /* more may wait: after other strands' turns */
 }
 
-static void accept_more(struct weft__sock *s) {
+/* uring, kernels from 6.10 (rt->ring_accept): one accept request that
+ * never waits in the kernel, in this thread's ring, leaving with its next
+ * enter; its completion says whether more connections wait, so no accept
+ * call ends in EAGAIN, and a listener costs no system call of its own.
+ * The request keeps `active` raised until an enter has consumed it: the
+ * kernel runs such an accept inside the enter (a descriptor, or an error
+ * at once), so after it no slot can be taken behind fd_limit's back. */
+static bool ring_accept(struct weft__sock *s) {
+  struct weft__shard *sh = weft__local_begin(s->rt);
+  struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
+  if (sqe) {
+    weft__uring_prep_accept(sqe, s->fd, SOCK_CLOEXEC);
+    io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_WRITE);
+    weft__uring_hold(sh, &s->acc_hold);
+    s->wr_inflight = true;
+    weft__fetch_add(&s->lst->st_calls, 1, WA_RLX);
+  }
+  weft__local_end(sh);
+  return sqe != NULL;
+}
+
+/* Accepting under limit_lock, after a shortage. */
+static void accept_locked(struct weft__sock *s) {
   struct weft_listener *l = s->lst;
-  if (s->paused)
-    return;
-  s->at_limit = false;
-  weft__fetch_add(&l->active, 1, WA_SC);
-  bool limited = weft__load(&l->limited, WA_SC);
-  if (!limited)
-    accept_burst(s);
-  weft__fetch_sub(&l->active, 1, WA_SC);
-  if (!limited && !s->at_limit)
-    return;
   weft__store(&l->limited, 1, WA_SC);
+  /* Accept requests in this thread's ring hold `active` up until entered:
+   * enter them, or fd_limit (ours, or another shard's that holds the
+   * lock) would wait for this thread. Other threads enter theirs when
+   * they run out of work or within 8 items; a thread stuck in a handler,
+   * after the monitor hands its shard (and ring) on. */
+  struct weft__shard *sh = weft__local_begin(s->rt);
+  if (sh)
+    weft__io_flush(sh);
+  weft__local_end(sh);
   pthread_mutex_lock(&l->limit_lock);
   if (!s->at_limit) {
     reopen_spare(l);
@@ -226,6 +253,59 @@ static void accept_more(struct weft__sock *s) {
   else if (weft__load(&l->reserve, WA_RLX) >= 0)
     weft__store(&l->limited, 0, WA_SC); /* accepting works again */
   pthread_mutex_unlock(&l->limit_lock);
+}
+
+static void accept_more(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
+  if (s->paused || s->wr_inflight)
+    return;
+  if (!s->readable) {
+    if (is_uring(s) && !s->rd_inflight)
+      poll_submit(s);
+    return;
+  }
+  s->at_limit = false;
+  weft__fetch_add(&l->active, 1, WA_SC);
+  bool limited = weft__load(&l->limited, WA_SC);
+  if (!limited && s->rt->ring_accept && ring_accept(s))
+    return; /* `active` is dropped once the request is entered */
+  if (!limited)
+    accept_burst(s);
+  weft__fetch_sub(&l->active, 1, WA_SC);
+  if (limited || s->at_limit)
+    accept_locked(s);
+}
+
+/* The reaper: a ring accept completed (res: a descriptor or -errno). */
+void weft__lsock_accepted(struct weft__shard *local, struct weft__sock *s,
+                          int32_t res, uint32_t flags) {
+  s->wres = res;
+  s->acc_more = (flags & IORING_CQE_F_SOCK_NONEMPTY) != 0;
+  weft__sock_signal(local, s, EV_WDONE, WEFT_GEN_ANY);
+}
+
+static void ring_accepted(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
+  int res = s->wres;
+  s->wr_inflight = false;
+  if (s->state != ST_OPEN) {
+    if (res >= 0) { /* closed meanwhile: its client sees EOF */
+      close(res);
+      weft__fetch_add(&l->st_dropped, 1, WA_RLX);
+    }
+    return;
+  }
+  if (res == -ECANCELED)
+    return; /* its submitter exited (io_uring.c): accept_more retries */
+  s->at_limit = false;
+  if (accepted(s, res)) {
+    if (res >= 0 && !s->acc_more)
+      s->readable = false; /* none waits: poll before the next accept */
+  } else if (s->at_limit) {
+    accept_locked(s);
+  } else if (s->readable) {
+    pause_backoff(s); /* an unexpected error: not again at once */
+  }
 }
 
 static void lsock_finished(struct weft__sock *s) {
@@ -241,6 +321,8 @@ static void lsock_finished(struct weft__sock *s) {
 }
 
 void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
+  if (bits & EV_WDONE)
+    ring_accepted(s);
   if (bits & EV_RDONE) {
     s->rd_inflight = false; /* the poll: whatever it says, accept4 tells */
     s->readable = true;
@@ -255,8 +337,8 @@ void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
   }
   if (s->state == ST_OPEN)
     accept_more(s);
-  else if (s->state == ST_CLOSING && !s->rd_inflight)
-    lsock_finished(s);
+  else if (s->state == ST_CLOSING && !s->rd_inflight && !s->wr_inflight)
+    lsock_finished(s); /* a ring accept ends by itself: never waits */
 }
 
 /* ---- the API ---------------------------------------------------------------
@@ -302,6 +384,7 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd,
     return -ENOMEM;
   }
   s->lst = l;
+  s->acc_hold.count = &l->active;
   s->afn = fn;
   s->aarg = arg;
   s->state = ST_OPEN;

@@ -58,9 +58,14 @@ void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
   weft__strand_push(s->strand, local, &s->node[s->post_idx], false);
 }
 
-void weft__sock_completed(struct weft__shard *local, uint64_t ud, int32_t res) {
+void weft__sock_completed(struct weft__shard *local, uint64_t ud, int32_t res,
+                          uint32_t flags) {
   struct weft__sock *s =
       (struct weft__sock *)(uintptr_t)(ud & ~(uint64_t)WEFT_OP_MASK);
+  if (s->kind == SK_LISTEN && (ud & WEFT_OP_MASK) == WEFT_OP_WRITE) {
+    weft__lsock_accepted(local, s, res, flags); /* kind never changes */
+    return;
+  }
   if ((ud & WEFT_OP_MASK) == WEFT_OP_READ) {
     s->rres = res;
     weft__sock_signal(local, s, EV_RDONE, WEFT_GEN_ANY);

@@ -149,6 +149,8 @@ struct weft__sock {
   uint64_t backoff_ns;
   bool paused;
   bool at_limit; /* the last accept burst ran out of descriptors */
+  bool acc_more; /* the ring accept's completion: more connections wait */
+  struct weft__sq_hold acc_hold; /* its share of lst->active */
 };
 
 /* tcp.c, used by listen.c */
@@ -187,7 +189,9 @@ void weft__recv_closing(struct weft__sock *s);
 void weft__recv_cancel(struct weft__sock *s);
 void weft__recv_release(struct weft__sock *s);
 
-/* listen.c */
+/* listen.c: the strand handler; the reaper's side of a ring accept */
 void weft__lsock_run(struct weft__sock *s, uint32_t bits);
+void weft__lsock_accepted(struct weft__shard *local, struct weft__sock *s,
+                          int32_t res, uint32_t flags);
 
 #endif
