@@ -105,7 +105,8 @@ static void probe_accept(struct io_uring *ring) {
 static int probe_ok(struct io_uring *ring) {
   static const int ops[] = {IORING_OP_RECV,     IORING_OP_SENDMSG,
                             IORING_OP_ACCEPT,   IORING_OP_CONNECT,
-                            IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL};
+                            IORING_OP_POLL_ADD, IORING_OP_ASYNC_CANCEL,
+                            IORING_OP_CLOSE};
   struct io_uring_probe *p = io_uring_get_probe_ring(ring);
   if (!p)
     return -ENOSYS;

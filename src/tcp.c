@@ -189,10 +189,29 @@ static void unregister(struct weft__sock *s) {
   s->reg = NULL;
 }
 
+/* uring: the close as an entry in this thread's ring, leaving with its
+ * next enter (a socket has no flush method, so the kernel closes it inside
+ * that enter). Every operation on the socket has completed by now, and
+ * the number stays taken until then, so nothing reuses it early. Counted
+ * closed at once: weft__park enters the ring before a shutdown ends. */
+static bool ring_close(weft_rt *rt, int fd) {
+  if (rt->backend != WEFT_BACKEND_URING)
+    return false;
+  struct weft__shard *sh = weft__local_begin(rt);
+  struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
+  if (sqe) {
+    io_uring_prep_close(sqe, fd);
+    io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
+  }
+  weft__local_end(sh);
+  return sqe != NULL;
+}
+
 void weft__sock_close_fd(struct weft__sock *s) {
   if (s->fd < 0)
     return;
-  close(s->fd); /* EINTR: the descriptor is gone anyway on Linux */
+  if (!ring_close(s->rt, s->fd))
+    close(s->fd); /* EINTR: the descriptor is gone anyway on Linux */
   s->fd = -1;
   weft_rt *rt = s->rt;
   if (weft__fetch_sub(&rt->tcp_open, 1, WA_SC) == 1 &&
@@ -566,9 +585,12 @@ static void close_begin(struct weft__sock *s) {
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     setsockopt(s->fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
   }
-  /* Wakes every operation on the socket in every ring: each completes. */
+  /* shutdown(2) wakes every operation on the socket in every ring: each
+   * completes. A multishot receive alone, in this thread's ring, is
+   * cancelled there instead, which costs no system call of its own. */
   weft__recv_closing(s);
-  if (weft__recv_busy(s) || s->wr_inflight)
+  if (s->wr_inflight || s->rd_inflight ||
+      (s->rd_multi && !weft__recv_cancel_local(s)))
     shutdown(s->fd, SHUT_RDWR);
   if (s->cfn && !s->rd_inflight)
     connect_done(s, -ECANCELED);

@@ -121,6 +121,7 @@ struct weft__sock {
   _Atomic uint32_t mcancel;               /* the reaper asked to cancel it */
   _Atomic uint32_t mclosing;              /* the socket closes: cancel it */
   _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
+  struct weft__io *m_io; /* the ring it went to (strand only) */
   /* writes: queue, completed ones (callbacks due), backpressure */
   struct weft__wreq *wq_head, *wq_tail, *done_head, *done_tail;
   struct weft__wreq wr_inline;
@@ -187,6 +188,7 @@ void weft__recv_ended(struct weft__sock *s);
 bool weft__recv_busy(const struct weft__sock *s);
 void weft__recv_closing(struct weft__sock *s);
 void weft__recv_cancel(struct weft__sock *s);
+bool weft__recv_cancel_local(struct weft__sock *s);
 void weft__recv_release(struct weft__sock *s);
 
 /* listen.c: the strand handler; the reaper's side of a ring accept */

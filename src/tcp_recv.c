@@ -187,6 +187,7 @@ static void arm(struct weft__sock *s) {
       io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_RECVM);
       weft__store(&s->mcancel, 0, WA_RLX);
       weft__store(&s->m_armer, weft__self(), WA_RLX);
+      s->m_io = io;
       s->rd_multi = true;
     } else {
       io_uring_prep_recv(sqe, s->fd, s->rbuf, s->rlen, 0);
@@ -332,6 +333,24 @@ bool weft__recv_busy(const struct weft__sock *s) {
 void weft__recv_cancel(struct weft__sock *s) {
   if (s->reading && !s->rd_inflight)
     weft__recv_done(s, -ECANCELED);
+}
+
+/* Closing, instead of shutdown(2): a cancel of the multishot receive in
+ * the ring that holds it, if the calling thread holds that ring; the
+ * entry leaves with the thread's next enter. false: it is elsewhere (a
+ * handoff moved it), or the ring is full. */
+bool weft__recv_cancel_local(struct weft__sock *s) {
+  struct weft__shard *sh = weft__local_begin(s->rt);
+  struct io_uring_sqe *sqe = NULL;
+  if (sh && weft__load(&sh->io, WA_RLX) == s->m_io)
+    sqe = weft__uring_sqe(sh);
+  if (sqe) {
+    io_uring_prep_cancel64(sqe, (uintptr_t)s | WEFT_OP_RECVM, 0);
+    io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
+    weft__store(&s->mcancel, 1, WA_RLX); /* the reaper needs no other */
+  }
+  weft__local_end(sh);
+  return sqe != NULL;
 }
 
 /* Closed, nothing in the kernel: the unread buffers go back. */
