@@ -458,8 +458,11 @@ WEFT_API int weft_listener_stats_get(weft_listener *l,
                                      weft_listener_stats *out);
 
 /* Stops accepting and closes the sockets. done(arg), if not NULL, runs on
- * any worker once no accept callback of l will start any more; l must not
- * be used after this call. Connections already accepted are not affected.
+ * any worker once no accept callback of l will start any more: connections
+ * accepted before the close still get theirs (they run on each
+ * connection's strand), and done runs after the last has returned. l must
+ * not be used after this call. Connections already accepted are not
+ * affected.
  * Errors: -EINVAL, -EALREADY (closed already, or by a shutdown: done is not
  * called). Any thread. */
 WEFT_API int weft_listener_close(weft_listener *l, weft_fn done, void *arg);

@@ -49,11 +49,15 @@
 struct weft_listener {
   weft_rt *rt;
   struct weft_listener *next; /* rt->listeners, under life_lock */
-  /* Who calls done is decided on one word: (open sockets << 1) | 1 once
-   * weft_listener_close has won. The closer's fetch_or and each socket's
-   * fetch_sub are ordered, so either the closer sees sockets open (returns
-   * 0, and the last one to finish sees the bit and calls done) or it sees
-   * none (returns -EALREADY: a shutdown closed them, done is not called).
+  /* Who calls done is decided on one word: (items << 1) | 1 once
+   * weft_listener_close has won, where the items are the open sockets and
+   * the accepted connections whose accept callback has not yet run (it
+   * runs on the connection's strand, after the listener's turn: done must
+   * wait for it, test_tcp_listen_close). The closer's fetch_or and each
+   * item's fetch_sub are ordered, so either the closer sees items left
+   * (returns 0, and the last one to finish sees the bit and calls done) or
+   * it sees none (returns -EALREADY: a shutdown closed them, done is not
+   * called).
    * Two words, a flag and a count, let both happen at once: the closer set
    * the flag, the last socket finished, saw it and called done, and then
    * the closer read a count of 0 and returned -EALREADY. */
@@ -308,15 +312,30 @@ static void ring_accepted(struct weft__sock *s) {
   }
 }
 
-static void lsock_finished(struct weft__sock *s) {
-  struct weft_listener *l = s->lst;
-  weft__sock_close_fd(s);
-  s->state = ST_CLOSED;
+/* One of l's items (`live`) is finished: the last calls done. */
+static void live_drop(struct weft_listener *l) {
   /* seq_cst: the closer's done and done_arg were written before its
    * fetch_or, which this reads from (or follows) when it sees the bit. */
   uint64_t prev = weft__fetch_sub(&l->live, 2, WA_SC);
   if ((prev >> 1) == 1 && (prev & 1) && l->done)
     l->done(l->done_arg);
+}
+
+/* From the listening socket's strand, before the connection is signalled:
+ * its socket is still an item, so the count cannot reach 0 meanwhile, and
+ * the signal (release) orders this before the connection's drop. */
+void weft__listener_hold(struct weft_listener *l) {
+  weft__fetch_add(&l->live, 2, WA_RLX);
+}
+
+/* The connection's accept callback has returned (or never will run). */
+void weft__listener_delivered(struct weft_listener *l) { live_drop(l); }
+
+static void lsock_finished(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
+  weft__sock_close_fd(s);
+  s->state = ST_CLOSED;
+  live_drop(l);
   weft__sock_free(s);
 }
 

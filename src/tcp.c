@@ -601,15 +601,19 @@ static void close_begin(struct weft__sock *s) {
  */
 
 static void conn_accepted_run(struct weft__sock *s) {
+  struct weft_listener *l = s->lst;
+  s->lst = NULL;
   if (weft__load(&s->rt->closing, WA_ACQ)) {
     /* Shutting down: the user never sees it. */
     s->state = ST_CLOSING;
     close_finish(s);
     weft__sock_free(s);
+    weft__listener_delivered(l);
     return;
   }
   s->state = ST_OPEN;
   s->afn(s->aarg, (weft_tcp *)s);
+  weft__listener_delivered(l);
 }
 
 static void conn_run(struct weft__sock *s, uint32_t bits) {
@@ -698,10 +702,12 @@ void weft__conn_accepted(struct weft__sock *ls, int fd) {
   s->readable = s->writable = true;
   s->afn = ls->afn;
   s->aarg = ls->aarg;
+  s->lst = ls->lst;
   if (weft__sock_register(s, home) < 0) {
     weft__sock_discard(s);
     return;
   }
+  weft__listener_hold(s->lst);
   signal_bits(s, EV_ACCEPTED);
 }
 

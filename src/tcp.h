@@ -145,7 +145,7 @@ struct weft__sock {
   _Atomic uint32_t close_req;
   weft_close_fn clfn;
   void *clarg;
-  /* listener sockets */
+  /* listener sockets; an accepted connection until its accept callback */
   struct weft_listener *lst;
   uint64_t backoff_ns;
   bool paused;
@@ -191,6 +191,10 @@ void weft__recv_cancel(struct weft__sock *s);
 bool weft__recv_cancel_local(struct weft__sock *s);
 void weft__recv_release(struct weft__sock *s);
 
+/* listen.c: an accepted connection not yet delivered counts as an item
+ * of its listener (weft_listener_close's done waits for it) */
+void weft__listener_hold(struct weft_listener *l);
+void weft__listener_delivered(struct weft_listener *l);
 /* listen.c: the strand handler; the reaper's side of a ring accept */
 void weft__lsock_run(struct weft__sock *s, uint32_t bits);
 void weft__lsock_accepted(struct weft__shard *local, struct weft__sock *s,
