@@ -83,26 +83,6 @@ static void *client_main(void *arg) {
   return NULL;
 }
 
-/* Waits for the end of a connection that sends nothing: 0 on EOF, -errno
- * of the error that ended it, -EINPROGRESS if none came in TU_WAIT_S. */
-static int wait_end(int fd) {
-  char buf[64];
-  uint64_t deadline = tu_deadline_ns(TU_WAIT_S);
-  while (tu_now_ns() < deadline) {
-    int ev = tu_sock_poll(fd, POLLIN, 100);
-    if (ev < 0)
-      return ev;
-    if (ev == 0)
-      continue;
-    ssize_t n = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-    if (n == 0)
-      return 0;
-    if (n < 0 && errno != EAGAIN && errno != EINTR)
-      return -errno;
-  }
-  return -EINPROGRESS;
-}
-
 static unsigned count_fds(void) {
   DIR *d = opendir("/proc/self/fd");
   unsigned n = 0;
@@ -129,7 +109,7 @@ static void one_round(weft_rt *rt, round_ctx *r, uint64_t *eof,
   assert_int_equal(r->early_fail, 0);
   uint64_t eofs = 0;
   for (unsigned i = 0; i < r->nfds; i++) {
-    int rc = wait_end(r->fds[i]);
+    int rc = tu_sock_wait_closed(r->fds[i], TU_WAIT_S * 1000, NULL);
     if (rc != 0 && rc != -ECONNRESET)
       fail_msg("client connection %u of %u: %d (%s), want EOF or RST", i,
                r->nfds, rc, strerror(-rc));
