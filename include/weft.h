@@ -463,8 +463,8 @@ WEFT_API int weft_listener_stats_get(weft_listener *l,
  * connection's strand), and done runs after the last has returned. l must
  * not be used after this call. Connections already accepted are not
  * affected.
- * Errors: -EINVAL, -EALREADY (closed already, or by a shutdown: done is not
- * called). Any thread. */
+ * Errors: -EINVAL, -EALREADY (closed already, or by a shutdown that left no
+ * accept callback to wait for: done is not called). Any thread. */
 WEFT_API int weft_listener_close(weft_listener *l, weft_fn done, void *arg);
 
 /* Connects to addr. *out receives the connection at once (so that it can

@@ -258,12 +258,13 @@ static inline void weft__rbuf_push(_Atomic(struct weft__rbuf *) *top,
 #define WEFT_RBUF_SIZE 4096u
 
 /* uring: a count that stays raised while an entry sits in a ring's SQ.
- * The ring's holder drops it (seq_cst) after an enter that left the SQ
- * empty, so a thread that sees it at 0 knows the kernel has consumed the
- * entry (listen.c: accepts that must not race a descriptor shortage). */
+ * The ring's holder drops it (seq_cst) after the enter that consumed the
+ * entry, so a thread that sees it at 0 knows the kernel has issued it
+ * (listen.c: accepts that must not race a descriptor shortage). */
 struct weft__sq_hold {
   struct weft__sq_hold *next;
   _Atomic uint32_t *count;
+  uint32_t pos; /* the entry's SQ index + 1: consumed once khead is there */
 };
 
 struct weft__io {
@@ -271,9 +272,11 @@ struct weft__io {
   int efd;  /* eventfd: written to wake the holder from its wait */
   struct weft__shard *sh;
   unsigned unsubmitted;        /* uring: SQEs prepared and not yet entered */
-  struct weft__sq_hold *holds; /* uring: dropped at the next full enter */
-  bool wake_armed;             /* uring: a poll of efd is in the ring */
-  void *ring;                  /* uring: struct io_uring */
+  struct weft__sq_hold *holds; /* uring: dropped once their entry is in */
+  unsigned close_n;   /* uring: close entries not yet entered (tcp_open) */
+  uint32_t close_pos; /* uring: the last one's SQ index + 1 */
+  bool wake_armed;    /* uring: a poll of efd is in the ring */
+  void *ring;         /* uring: struct io_uring */
   /* uring: provided receive buffers, NULL if the kernel has none */
   void *br; /* struct io_uring_buf_ring */
   struct weft__rbuf *rbufs;
@@ -317,10 +320,14 @@ bool weft__io_wake_thread(struct weft__thread *t);
 /* uring: an SQE of the shard's ring, NULL if the ring stays full. */
 struct io_uring_sqe *weft__uring_sqe(struct weft__shard *sh);
 /* uring: h->count, already raised by the caller, is dropped once the
- * entries prepared so far in the shard's ring have been entered. */
+ * entry just taken from the shard's ring has been entered. */
 void weft__uring_hold(struct weft__shard *sh, struct weft__sq_hold *h);
-/* uring: after an io_uring_submit of io's ring that returned r. */
-void weft__uring_entered(struct weft__io *io, int r);
+/* uring: a close of fd in the entry just taken; the descriptor counts in
+ * rt->tcp_open until the entry has been entered. */
+void weft__uring_prep_close(struct weft__shard *sh, struct io_uring_sqe *sqe,
+                            int fd);
+/* uring: after every enter of io's ring that may have submitted. */
+void weft__uring_entered(struct weft__io *io);
 /* uring: whether accept requests can be made that never wait in the
  * kernel (IORING_ACCEPT_DONTWAIT, 6.10), as the probe ring found. */
 bool weft__uring_accept_nowait(void);
@@ -694,6 +701,8 @@ int weft__idle_alloc(struct weft__idle *idle, unsigned nthreads);
 void weft__idle_destroy(struct weft__idle *idle);
 void weft__notify_parked(weft_rt *rt);
 void weft__poke(weft_rt *rt);
+/* tcp.c: n socket descriptors were closed (rt->tcp_open). */
+void weft__tcp_closed(weft_rt *rt, int64_t n);
 bool weft__to_searching(weft_rt *rt, struct weft__thread *t);
 void weft__from_searching(weft_rt *rt, struct weft__thread *t);
 /* Parks t until woken; returns false when the runtime is done. */

@@ -178,28 +178,48 @@ void weft__uring_teardown(struct weft__io *io) {
   weft__bufring_free(io);
 }
 
-/* Holds are dropped only once the SQ is empty: an enter may consume
- * part of it (no memory for requests), and which part is not known. The
- * holder reads the SQ head the kernel wrote in the enter it made. */
-void weft__uring_entered(struct weft__io *io, int r) {
-  if (r < 0)
-    return; /* errors leave the SQEs for the next try */
-  io->unsubmitted = 0;
-  struct weft__sq_hold *h = io->holds;
-  if (!h || io_uring_sq_ready(ring_of(io)))
-    return;
-  io->holds = NULL;
-  while (h) {
-    struct weft__sq_hold *next = h->next; /* h may be reused after */
-    weft__fetch_sub(h->count, 1, WA_SC);
-    h = next;
+/* What an enter consumed, whatever it returned: the kernel takes entries
+ * in order from the head and has written khead when the enter returns
+ * (an enter may take only part of the SQ: no memory for requests, or an
+ * entry that fails its checks). Every entry before khead has been issued;
+ * accepts that never wait and closes of sockets have finished. So their
+ * holds and the close count drop here, before any completion of theirs
+ * can be reaped: a hold is never relinked while still listed. */
+void weft__uring_entered(struct weft__io *io) {
+  struct io_uring *ring = ring_of(io);
+  uint32_t head = IO_URING_READ_ONCE(*ring->sq.khead);
+  io->unsubmitted = io_uring_sq_ready(ring);
+  struct weft__sq_hold **pp = &io->holds;
+  while (*pp) {
+    struct weft__sq_hold *h = *pp;
+    if ((int32_t)(head - h->pos) >= 0) {
+      *pp = h->next; /* before the drop: h may be reused after it */
+      weft__fetch_sub(h->count, 1, WA_SC);
+    } else {
+      pp = &h->next;
+    }
+  }
+  if (io->close_n && (int32_t)(head - io->close_pos) >= 0) {
+    unsigned n = io->close_n;
+    io->close_n = 0;
+    weft__tcp_closed(io->sh->rt, n);
   }
 }
 
 void weft__uring_hold(struct weft__shard *sh, struct weft__sq_hold *h) {
   struct weft__io *io = weft__load(&sh->io, WA_ACQ);
+  h->pos = ring_of(io)->sq.sqe_tail;
   h->next = io->holds;
   io->holds = h;
+}
+
+void weft__uring_prep_close(struct weft__shard *sh, struct io_uring_sqe *sqe,
+                            int fd) {
+  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
+  io_uring_prep_close(sqe, fd);
+  io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
+  io->close_n++;
+  io->close_pos = ring_of(io)->sq.sqe_tail;
 }
 
 void weft__uring_submit(struct weft__io *io) {
@@ -209,9 +229,10 @@ void weft__uring_submit(struct weft__io *io) {
     if (r >= 0 || (r != -EINTR && r != -EBUSY && r != -EAGAIN)) {
       /* Errors other than those are about the ring itself, which we set
        * up correctly: they leave the SQEs for the next try. */
-      weft__uring_entered(io, r);
+      weft__uring_entered(io);
       return;
     }
+    weft__uring_entered(io); /* it may have taken some */
     if (r == -EINTR)
       continue;
     /* Overflowed completions or no memory for requests: make room. */
@@ -307,8 +328,8 @@ bool weft__uring_wait(struct weft__io *io, uint64_t deadline) {
     tsp = &ts;
   }
   struct io_uring_cqe *cqe;
-  int r = io_uring_submit_and_wait_timeout(ring, &cqe, 1, tsp, NULL);
-  weft__uring_entered(io, r == -ETIME ? 0 : r);
+  (void)io_uring_submit_and_wait_timeout(ring, &cqe, 1, tsp, NULL);
+  weft__uring_entered(io);
   /* Anything but the wake poll waiting? Those are dispatched once the
    * thread has left the sleepers (park.c). Wake polls alone are consumed
    * here, so that the next wait does not return at once for them. */

@@ -45,6 +45,7 @@
 #define ACCEPT_BUDGET 64
 #define BACKOFF_MIN_NS 1000000ull
 #define BACKOFF_MAX_NS 100000000ull
+#define ACTIVE_WAIT_NS 2000000ull /* fd_limit's wait for unlocked accepts */
 
 struct weft_listener {
   weft_rt *rt;
@@ -120,9 +121,19 @@ static void fd_limit(struct weft__sock *s) {
   struct weft_listener *l = s->lst;
   weft__fetch_add(&l->st_limit, 1, WA_RLX);
   /* Shards accepting without the lock saw `limited` clear: let them
-   * finish their burst (a few syscalls) before a slot is freed. */
-  while (weft__load(&l->active, WA_SC))
+   * finish their burst (a few syscalls), and ring accepts their enter,
+   * before a slot is freed. The latter may wait for a thread's handler
+   * (its next enter comes within 8 items, or at a handoff), so the wait is
+   * bounded: past it nothing is dropped this time, and the pause below
+   * lets the clients wait for the next try. */
+  uint64_t t0 = weft__now_ns();
+  while (weft__load(&l->active, WA_SC)) {
+    if (weft__now_ns() - t0 > ACTIVE_WAIT_NS) {
+      pause_backoff(s);
+      return;
+    }
     sched_yield();
+  }
   int spare = weft__xchg(&l->reserve, -1, WA_ACQ);
   if (spare >= 0) {
     close(spare);

@@ -397,11 +397,6 @@ static bool sleep_until_woken(weft_rt *rt, struct weft__thread *t) {
 
 bool weft__park(weft_rt *rt, struct weft__thread *t) {
   struct weft__idle *idle = &rt->idle;
-  /* Closes waiting in this thread's ring (tcp.c, ring_close) no longer
-   * count in tcp_open: enter them before the end can be declared, and
-   * again after declaring it, for one prepared before closing was set. */
-  if (weft__load(&rt->closing, WA_RLX))
-    weft__io_flush(t->shard);
   pthread_mutex_lock(&idle->lock);
   if (weft__load(&rt->done, WA_ACQ)) {
     pthread_mutex_unlock(&idle->lock);
@@ -417,7 +412,6 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
     declare_done_locked(rt);
   pthread_mutex_unlock(&idle->lock);
   if (complete) {
-    weft__io_flush(t->shard);
     wake_all_done(rt);
     return false;
   }

@@ -189,20 +189,26 @@ static void unregister(struct weft__sock *s) {
   s->reg = NULL;
 }
 
+void weft__tcp_closed(weft_rt *rt, int64_t n) {
+  if (weft__fetch_sub(&rt->tcp_open, n, WA_SC) == n &&
+      weft__load(&rt->closing, WA_SC))
+    weft__poke(rt); /* the last parker may have counted these sockets */
+}
+
 /* uring: the close as an entry in this thread's ring, leaving with its
  * next enter (a socket has no flush method, so the kernel closes it inside
  * that enter). Every operation on the socket has completed by now, and
- * the number stays taken until then, so nothing reuses it early. Counted
- * closed at once: weft__park enters the ring before a shutdown ends. */
+ * the number stays taken until then, so nothing reuses it early. It counts
+ * in tcp_open until entered (weft__uring_entered), so a shutdown does not
+ * end before: a thread that parks with it sleeps in its ring, whose enter
+ * takes it, and its completion ends that sleep at once. */
 static bool ring_close(weft_rt *rt, int fd) {
   if (rt->backend != WEFT_BACKEND_URING)
     return false;
   struct weft__shard *sh = weft__local_begin(rt);
   struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
-  if (sqe) {
-    io_uring_prep_close(sqe, fd);
-    io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
-  }
+  if (sqe)
+    weft__uring_prep_close(sh, sqe, fd);
   weft__local_end(sh);
   return sqe != NULL;
 }
@@ -210,13 +216,11 @@ static bool ring_close(weft_rt *rt, int fd) {
 void weft__sock_close_fd(struct weft__sock *s) {
   if (s->fd < 0)
     return;
-  if (!ring_close(s->rt, s->fd))
+  if (!ring_close(s->rt, s->fd)) {
     close(s->fd); /* EINTR: the descriptor is gone anyway on Linux */
+    weft__tcp_closed(s->rt, 1);
+  }
   s->fd = -1;
-  weft_rt *rt = s->rt;
-  if (weft__fetch_sub(&rt->tcp_open, 1, WA_SC) == 1 &&
-      weft__load(&rt->closing, WA_SC))
-    weft__poke(rt); /* the last parker may have counted this socket */
 }
 
 static void really_free(struct weft__sock *s) {

@@ -82,7 +82,8 @@ static void cancel_multishot(struct weft__io *io, uint64_t ud,
    * until the kernel has seen the cancel. Entering does not touch the CQ
    * that the caller is walking (the walk rereads its tail). Errors leave
    * the entries for the next submit. */
-  weft__uring_entered(io, io_uring_submit(io->ring));
+  (void)io_uring_submit(io->ring);
+  weft__uring_entered(io);
 }
 
 void weft__sock_recvm(struct weft__io *io, uint64_t ud, int32_t res,
