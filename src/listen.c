@@ -339,6 +339,10 @@ void weft__listener_hold(struct weft_listener *l) {
   weft__fetch_add(&l->live, 2, WA_RLX);
 }
 
+uint32_t weft__listener_active(const struct weft_listener *l) {
+  return weft__load(&l->active, WA_SC);
+}
+
 /* The connection's accept callback has returned (or never will run). */
 void weft__listener_delivered(struct weft_listener *l) { live_drop(l); }
 

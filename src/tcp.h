@@ -195,6 +195,9 @@ void weft__recv_release(struct weft__sock *s);
  * of its listener (weft_listener_close's done waits for it) */
 void weft__listener_hold(struct weft_listener *l);
 void weft__listener_delivered(struct weft_listener *l);
+/* listen.c, for tests: shards accepting without limit_lock now, ring
+ * accepts not yet entered included (0 once the listener is quiet) */
+uint32_t weft__listener_active(const struct weft_listener *l);
 /* listen.c: the strand handler; the reaper's side of a ring accept */
 void weft__lsock_run(struct weft__sock *s, uint32_t bits);
 void weft__lsock_accepted(struct weft__shard *local, struct weft__sock *s,

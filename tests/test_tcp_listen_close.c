@@ -31,8 +31,6 @@
  */
 #include "testutil.h"
 
-#include <dirent.h>
-
 #define NWORKERS 2
 #define AHEAD 8
 #define MAXC 4096
@@ -83,17 +81,6 @@ static void *client_main(void *arg) {
   return NULL;
 }
 
-static unsigned count_fds(void) {
-  DIR *d = opendir("/proc/self/fd");
-  unsigned n = 0;
-  if (d == NULL)
-    return 0;
-  while (readdir(d) != NULL)
-    n++;
-  closedir(d);
-  return n;
-}
-
 static void one_round(weft_rt *rt, round_ctx *r, uint64_t *eof,
                       uint64_t *reset) {
   memset(r, 0, sizeof *r);
@@ -126,7 +113,7 @@ static void one_round(weft_rt *rt, round_ctx *r, uint64_t *eof,
 
 static void test_listen_close(void **state) {
   (void)state;
-  unsigned fds_before = count_fds();
+  unsigned fds_before = tu_count_fds();
   weft_rt *rt;
   tu_rt_create(&rt, NWORKERS, 0);
   tu_assert_backend(rt);
@@ -146,7 +133,7 @@ static void test_listen_close(void **state) {
   tu_wait_until(tu_pred_tcp_live_le, &w, "every socket to be freed");
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
   tu_assert_rc(weft_rt_destroy(rt), 0);
-  assert_int_equal(count_fds(), fds_before);
+  assert_int_equal(tu_count_fds(), fds_before);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 

@@ -763,6 +763,19 @@ static inline uint16_t tu_sock_peer_port(int fd) {
   return tu_addr_port((struct sockaddr *)&a);
 }
 
+/* Descriptors the process has open (entries of /proc/self/fd, counting
+ * the one that reads it); 0 if it cannot be read. */
+static inline unsigned tu_count_fds(void) {
+  DIR *d = opendir("/proc/self/fd");
+  unsigned n = 0;
+  if (d == NULL)
+    return 0;
+  while (readdir(d) != NULL)
+    n++;
+  closedir(d);
+  return n;
+}
+
 /* A plain blocking TCP socket with SO_RCVBUF / SO_SNDBUF set (when not 0)
  * before it connects to 127.0.0.1:port, and send/receive timeouts of
  * TU_WAIT_S so that nothing blocks forever. Returns the fd or -errno. */
