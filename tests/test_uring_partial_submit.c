@@ -178,20 +178,26 @@ static bool active_zero(void *arg, char *buf, size_t len) {
   return a == 0;
 }
 
+/* A runtime of NWORKERS on io_uring and a listener whose accept callback
+ * is accept_cb with x; returns the port. */
+static uint16_t setup(weft_rt **rtp, ctx *x, weft_listener **lp) {
+  tu_rt_create(rtp, NWORKERS, 0);
+  tu_assert_backend(*rtp);
+  assert_int_equal(weft_rt_backend(*rtp), WEFT_BACKEND_URING);
+  memset(x, 0, sizeof *x);
+  x->rt = *rtp;
+  return tu_tcp_listen(*rtp, NULL, accept_cb, x, lp);
+}
+
 static void test_partial_submit(void **state) {
   (void)state;
   check_kernel_stops();
   unsigned fds_before = tu_count_fds();
   weft_rt *rt;
-  tu_rt_create(&rt, NWORKERS, 0);
-  tu_assert_backend(rt);
-  assert_int_equal(weft_rt_backend(rt), WEFT_BACKEND_URING);
   ctx x;
-  memset(&x, 0, sizeof x);
-  x.rt = rt;
   weft_listener *l;
   client cl = {0, TU_SCALED(4000, 300), 0};
-  cl.port = tu_tcp_listen(rt, NULL, accept_cb, &x, &l);
+  cl.port = setup(&rt, &x, &l);
   print_message("[ INFO     ] accepts: %s\n",
                 rt->ring_accept ? "ring requests" : "poll and accept4");
   pthread_t th;
@@ -226,14 +232,9 @@ static void test_shutdown_closes(void **state) {
   for (uint64_t r = 0; r < rounds; r++) {
     tu_phase("shutdown closes: a round");
     weft_rt *rt;
-    tu_rt_create(&rt, NWORKERS, 0);
-    tu_assert_backend(rt);
-    assert_int_equal(weft_rt_backend(rt), WEFT_BACKEND_URING);
     ctx x;
-    memset(&x, 0, sizeof x);
-    x.rt = rt;
     weft_listener *l;
-    uint16_t port = tu_tcp_listen(rt, NULL, accept_cb, &x, &l);
+    uint16_t port = setup(&rt, &x, &l);
     int fds[BATCH];
     for (unsigned i = 0; i < BATCH; i++) {
       fds[i] = tu_sock_connect(port, 0, 0);
