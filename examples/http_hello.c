@@ -7,13 +7,17 @@
  * Every request (a header block ending in an empty line; bodies are not
  * supported) gets "Hello, World!" with keep-alive; a request with
  * "Connection: close" gets the same with that header, then the connection
- * is closed. A request that does not fit the 8 KiB buffer gets 431 and a
+ * is closed. A request that does not fit an 8 KiB buffer gets 431 and a
  * close. Pipelined requests are answered with one write per batch.
  *
  * The fast path allocates nothing: the responses are static bytes (one
  * array holds as many copies as a full buffer can hold requests), a read
  * and a write of those bytes are in flight at once, and the write needs no
- * completion callback. Memory per connection is the buffer: when weft's
+ * completion callback. Memory per connection is its buffer: SMALL_SIZE
+ * bytes inside struct hconn (1 KiB in all, within glibc's per-thread cache
+ * of small blocks), replaced by a BUF_SIZE block only when a head
+ * outgrows it, as nginx's client_header_buffer_size and
+ * large_client_header_buffers do. When weft's
  * queue for the connection grows past QUEUE_LIMIT (a client pipelining
  * without reading), the next write is tracked and reading waits for it.
  * Prints "listening on PORT"; SIGINT or SIGTERM stops it (exit 0).
@@ -30,6 +34,7 @@
 #include "netutil.h"
 
 #define BUF_SIZE 8192
+#define SMALL_SIZE 960
 /* The most requests a full buffer can hold: each ends in "\r\n\r\n". */
 #define MAX_REQS (BUF_SIZE / 4)
 /* Queued bytes above which reading waits for the writes. Below weft's
@@ -62,14 +67,20 @@ struct hconn {
   bool nodelay; /* TCP_NODELAY is set */
   size_t len;   /* bytes in buf */
   size_t scan;  /* buf[0, scan) holds no complete request */
-  char buf[BUF_SIZE];
+  size_t cap;   /* SMALL_SIZE, or BUF_SIZE once buf was replaced */
+  char *buf;    /* small, or a BUF_SIZE block of its own */
+  char small[SMALL_SIZE];
 };
+_Static_assert(sizeof(struct hconn) <= 1024, "struct hconn outgrew 1 KiB");
 
 static void on_read(void *arg, weft_tcp *c, long n);
 
 static void hconn_maybe_free(struct hconn *h) {
-  if (h->closing && h->ops == 0)
+  if (h->closing && h->ops == 0) {
+    if (h->buf != h->small)
+      free(h->buf);
     free(h);
+  }
 }
 
 static void on_close(void *arg, weft_tcp *c) {
@@ -91,8 +102,7 @@ static void hconn_close(struct hconn *h) {
 }
 
 static void hconn_read(struct hconn *h) {
-  if (weft_tcp_read(h->c, h->buf + h->len, sizeof(h->buf) - h->len, on_read,
-                    h) == 0)
+  if (weft_tcp_read(h->c, h->buf + h->len, h->cap - h->len, on_read, h) == 0)
     h->ops++;
   else
     hconn_close(h);
@@ -192,7 +202,17 @@ static void serve(struct hconn *h) {
   h->scan = h->len;
   if (count) {
     respond(h, count, close);
-  } else if (h->len == sizeof(h->buf)) {
+  } else if (h->len == h->cap && h->cap < BUF_SIZE) {
+    char *big = malloc(BUF_SIZE);
+    if (!big) {
+      hconn_close(h);
+      return;
+    }
+    memcpy(big, h->buf, h->len);
+    h->buf = big;
+    h->cap = BUF_SIZE;
+    hconn_read(h);
+  } else if (h->len == h->cap) {
     if (weft_tcp_write(h->c, resp_431, sizeof(resp_431) - 1, on_write, h) ==
         0) {
       h->ops++;
@@ -231,6 +251,8 @@ static void on_accept(void *arg, weft_tcp *c) {
   h->ops = 0;
   h->closing = h->last = h->nodelay = false;
   h->len = h->scan = 0;
+  h->buf = h->small;
+  h->cap = sizeof(h->small);
   hconn_read(h);
   hconn_maybe_free(h);
 }
