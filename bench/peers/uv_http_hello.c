@@ -14,7 +14,10 @@
  * to one read going out in one uv_write of the static response (libuv keeps
  * writes in order). A request with "Connection: close" gets "Connection:
  * close" in its response; reading stops and the connection is closed once
- * that response is sent. Requests with bodies are not supported.
+ * that response is sent. Requests with bodies are not supported. A
+ * connection, its buffer included, fits in 1 KiB (glibc's per-thread cache
+ * of small blocks); a head that outgrows the buffer moves to a BUF_SIZE
+ * block, as in examples/http_hello.c and nginx.
  *
  * Usage: uv_http_hello [--port P] [--threads N]  (port 0: pick one)
  * Prints "listening on PORT" once every loop listens; SIGINT or SIGTERM
@@ -36,6 +39,7 @@
 #include <unistd.h>
 
 #define BUF_SIZE 16384 /* a request's head must fit in it */
+#define SMALL_SIZE 704 /* the buffer inside struct conn */
 #define MAX_BATCH 64   /* responses in one write */
 
 static char keep_alive[] = "HTTP/1.1 200 OK\r\n"
@@ -54,8 +58,11 @@ struct conn {
   uv_tcp_t h;
   bool closing; /* a close response is queued: read no more */
   size_t len;   /* bytes in buf */
-  char buf[BUF_SIZE];
+  size_t cap;   /* SMALL_SIZE, or BUF_SIZE once buf was replaced */
+  char *buf;    /* small, or a BUF_SIZE block of its own */
+  char small[SMALL_SIZE];
 };
+_Static_assert(sizeof(struct conn) <= 1024, "struct conn outgrew 1 KiB");
 
 struct wreq {
   uv_write_t req;
@@ -69,7 +76,12 @@ struct worker {
   pthread_t th;
 };
 
-static void on_closed(uv_handle_t *h) { free(h); } /* h is first: the conn */
+static void on_closed(uv_handle_t *h) { /* h is first: the conn */
+  struct conn *c = (struct conn *)h;
+  if (c->buf != c->small)
+    free(c->buf);
+  free(c);
+}
 
 static void conn_close(struct conn *c) {
   if (!uv_is_closing((uv_handle_t *)&c->h))
@@ -169,9 +181,19 @@ static void respond(struct conn *c) {
 static void on_alloc(uv_handle_t *h, size_t suggested, uv_buf_t *buf) {
   struct conn *c = (struct conn *)h;
   (void)suggested;
-  /* A full buffer (a request head larger than it) gives a zero-length
-   * buffer, so the read fails with UV_ENOBUFS and the connection closes. */
-  *buf = uv_buf_init(c->buf + c->len, (unsigned)(BUF_SIZE - c->len));
+  /* A full buffer moves to a BUF_SIZE block. A full BUF_SIZE block (a
+   * request head larger than it, or no memory for the block) gives a
+   * zero-length buffer, so the read fails with UV_ENOBUFS and the
+   * connection closes. */
+  if (c->len == c->cap && c->cap < BUF_SIZE) {
+    char *big = malloc(BUF_SIZE);
+    if (big) {
+      memcpy(big, c->buf, c->len);
+      c->buf = big;
+      c->cap = BUF_SIZE;
+    }
+  }
+  *buf = uv_buf_init(c->buf + c->len, (unsigned)(c->cap - c->len));
 }
 
 static void on_read(uv_stream_t *s, ssize_t n, const uv_buf_t *buf) {
@@ -193,6 +215,8 @@ static void on_connection(uv_stream_t *server, int status) {
     return;
   c->closing = false;
   c->len = 0;
+  c->buf = c->small;
+  c->cap = sizeof(c->small);
   uv_tcp_init(server->loop, &c->h);
   c->h.data = NULL; /* a connection (see close_any) */
   if (uv_accept(server, (uv_stream_t *)&c->h) < 0)
