@@ -12,7 +12,8 @@
  *  - echo: 1 MiB of pseudo-random bytes sent while reading comes back
  *    unchanged, then EOF after our half-close.
  *  - http_hello: on one keep-alive connection one request, then a
- *    pipelined pair, get exactly three responses; "connection: Close" gets
+ *    pipelined pair, then a 3000-byte head and one more request, get
+ *    exactly five responses; "connection: Close" gets
  *    the close response, then EOF; a pipelined keep-alive + close pair gets
  *    both, then EOF; 8 KiB without an end of headers gets 431, then EOF.
  *  - tcp_proxy: in front of echo, 1 MiB round trip as above (half-close
@@ -412,6 +413,16 @@ static void test_http(void **state) {
   snprintf(two, sizeof(two), "%s%s", resp_keep, resp_keep);
   xt_send_str(ka, pair);
   xt_expect(ka, two, 2 * klen, "responses to the pipelined pair");
+  /* A head longer than the connection's first buffer (960 bytes): served
+   * from the 8 KiB one, and so is the next. */
+  static char padded[3000];
+  memset(padded, 'p', sizeof(padded));
+  memcpy(padded, "GET / HTTP/1.1\r\nX-Pad: ", 23);
+  memcpy(padded + sizeof(padded) - 4, "\r\n\r\n", 4);
+  xt_send_all(ka, padded, sizeof(padded));
+  xt_expect(ka, resp_keep, klen, "the response to a 3000-byte head");
+  xt_send_str(ka, req_plain);
+  xt_expect(ka, resp_keep, klen, "the response after the long head");
 
   int cl = xt_connect(h->port);
   xt_send_str(cl, req_close);
