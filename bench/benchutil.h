@@ -1,8 +1,9 @@
 /*
  * benchutil.h - helpers shared by the benchmarks (bench/NAME.c and
  * examples/seed_strand.c): run a child and capture its stdout, find a peer
- * binary under WEFT_PEER_DIR, read "key":number from a JSON line, and take
- * a median. Header-only; every function is static inline.
+ * binary under WEFT_PEER_DIR, read "key":number from a JSON line, take
+ * a median, and fault a buffer's pages in. Header-only; every function is
+ * static inline.
  */
 #ifndef WEFT_BENCHUTIL_H
 #define WEFT_BENCHUTIL_H
@@ -17,6 +18,17 @@
 #include <unistd.h>
 
 extern char **environ;
+
+/* Writes a byte of each page of p[0..n), so that a benchmark's first
+ * writes into a large buffer do not fault pages in while it measures. Not
+ * memset: gcc 12 turns a malloc followed by a memset of 0 into calloc,
+ * whose large blocks are fresh, untouched mappings. */
+static inline void bench_prefault(void *p, size_t n) {
+  volatile char *c = p;
+  size_t pg = (size_t)sysconf(_SC_PAGESIZE);
+  for (size_t i = 0; i < n; i += pg)
+    c[i] = 0;
+}
 
 /* Runs argv[0] with argv and returns its stdout (malloc'd, NUL-terminated),
  * or NULL if it could not start or did not exit with 0. */

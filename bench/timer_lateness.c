@@ -168,6 +168,13 @@ static void samples_init(struct samples *s, const struct opts *o) {
   s->late = malloc(LATE_CAP * sizeof(*s->late));
   if (!s->v || !s->n || !s->late)
     die("samples", -ENOMEM);
+  /* Faulted in now, not by the samples: timer i's samples are a row of
+   * cap, and all rows cross a page boundary at about the same sample, so
+   * untouched rows made a burst of ~timers page faults in each slice. On
+   * the PVM guest (2026-12-02) those bursts were the worst lateness of
+   * weft and floor alike, 7-12 ms; the peers fault theirs in first too. */
+  bench_prefault(s->v, (size_t)o->timers * s->cap * sizeof(*s->v));
+  bench_prefault(s->late, LATE_CAP * sizeof(*s->late));
 }
 
 /* The next slice's window: deadlines from t0 + warm-up, one slice long. */

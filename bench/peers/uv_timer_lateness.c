@@ -37,6 +37,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../benchutil.h"
+
 #define WARMUP_NS 200000000ull
 #define LEAD_NS 20000000ull
 #define MS 1000000ull
@@ -204,6 +206,9 @@ int main(int argc, char **argv) {
   struct loop *loops = calloc(nthreads, sizeof(*loops));
   if (!samples || !counts || !timers || !loops)
     die("malloc", UV_ENOMEM);
+  /* Faulted in now, not by the samples (timer_lateness.c, samples_init);
+   * Asio's resize writes its samples first too. */
+  bench_prefault(samples, (size_t)ntimers * cap * sizeof(*samples));
   t0 = now_ns() + LEAD_NS;
   from = t0 + WARMUP_NS;
   to = from + len;
