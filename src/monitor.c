@@ -76,6 +76,7 @@ struct weft__monitor {
   bool *reported, *handed;
   bool *sampled;           /* since is a look's time, not a stamp */
   uint64_t on_at, on_next; /* the last switch on's scan; the next's earliest */
+  uint64_t stamp_rate_max; /* handlers a second (stamp_mode) */
   uint64_t *cpu_mark, *cpu_at; /* the stuck thread's CPU time, and when */
   uint64_t last_print_ns, suppressed;
 };
@@ -356,12 +357,25 @@ static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
   return (h2 >> 2) == (hs >> 2) && (h2 & 3) != WEFT_HS_OUT ? s : 0;
 }
 
-/* Handlers per second on the busiest shard under which threads stamp
- * their handlers (one clock read each, 20-30 ns: at most 0.3% of a
- * thread's time here), and twice it, over which they stop. The post
- * benchmark's handlers run at tens of millions a second: there a clock
- * read per handler would double their cost, and the monitor samples. */
-#define STAMP_RATE_MAX 100000u
+/* When to stamp. Stamps cost a clock read per handler on every thread;
+ * samples cost looks, every half threshold instead of every 1.4, that is
+ * 9 / (7 thresholds) more a second, and under load each look preempts a
+ * running worker. So threads stamp while the busiest shard runs fewer
+ * handlers a second than
+ *     rate_max = 9 / (7 * threshold) * LOOK_COST_NS / clock read cost
+ * and stop above twice that. LOOK_COST_NS is what a look costs the
+ * machine when every CPU is busy: on the 2-vCPU guest here the monitor's
+ * own run took 12-17 us a look (perf sched; 25 ms a second at 1,500
+ * looks under the proxy), and the worker it preempted lost as much
+ * again (the proxy's CPU per request fell 6% without a monitor; 1000
+ * timers at 1 ms had twice as many 50-200 us gaps with it,
+ * BENCHMARKS.md). The clock read is timed at monitor start (clock_cost):
+ * 20-30 ns through the vDSO, 1 us or more where the clock source makes
+ * it a system call, and then threads stamp only at a few thousand
+ * handlers a second. At the default threshold and 25 ns that is about
+ * a million handlers a second (2.5% of a thread's time in clock reads
+ * at the switch); the post benchmark's tens of millions are sampled. */
+#define LOOK_COST_NS 20000u
 
 /* A full barrier on every thread of the runtime, after the flag's store
  * (false: none). TSan builds need none: the flag's store, the scan's
@@ -410,7 +424,7 @@ static void stamp_mode(weft_rt *rt, struct weft__monitor *m, uint64_t busiest,
   m->last_scan = now;
   if (!span)
     return; /* the first scan, or the first after an idle sleep: no rate */
-  uint64_t lim = (uint64_t)STAMP_RATE_MAX * span / 1000000000u;
+  uint64_t lim = m->stamp_rate_max * span / 1000000000u;
   uint32_t on = weft__load(&rt->stamp, WA_RLX);
   if (!on && busiest < lim && m->handoff_ok && now >= m->on_next) {
     m->on_at = now;
@@ -549,6 +563,20 @@ static void *monitor_main(void *arg) {
   return NULL;
 }
 
+/* What weft__now_ns costs, in ns (at least 1): the least of 4 rounds of
+ * 16 reads, so that a preemption during one does not count. */
+static uint64_t clock_cost(void) {
+  uint64_t best = UINT64_MAX;
+  for (int r = 0; r < 4; r++) {
+    uint64_t t0 = weft__now_ns(), t1 = t0;
+    for (int i = 0; i < 16; i++)
+      t1 = weft__now_ns();
+    if ((t1 - t0) / 16 < best)
+      best = (t1 - t0) / 16;
+  }
+  return best ? best : 1;
+}
+
 static void monitor_free(struct weft__monitor *m) {
   free(m->last_hs);
   free(m->since);
@@ -584,6 +612,8 @@ int weft__monitor_start(weft_rt *rt) {
 #endif
   m->handoff_ok = mb;
   m->tick_ns = rt->stall_ns / 2;
+  m->stamp_rate_max =
+      9000000000u / 7 * LOOK_COST_NS / rt->stall_ns / clock_cost();
   rt->monitor = m;
   int err = pthread_create(&m->tid, &rt->thread_attr, monitor_main, rt);
   if (err) {
