@@ -114,7 +114,7 @@ void weft__futex_wake(_Atomic uint32_t *addr, int n) {
  * spin's figure, docs/design.md), so that a wait costs at most about
  * twice the better of spinning and sleeping. With 1000 timers at 1 ms on
  * 2 threads (2026-12-02, a local histogram) there were ~33k contended
- * takes a second, 97% of them within 2 us. A spin of 100 pauses (2.2 us
+ * takes a second, 96% of them within 2 us. A spin of 100 pauses (2.2 us
  * on this CPU; 0.3-14 us on others) slept ~1,300 times a second, mostly
  * in waits of 4-32 us that then ended late; one of ~20 us slept 47. */
 #define LOCK_SPIN_NS 20000u
