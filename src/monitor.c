@@ -371,10 +371,10 @@ static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
  * timers at 1 ms had twice as many 50-200 us gaps with it,
  * BENCHMARKS.md). The clock read is timed at monitor start (clock_cost):
  * 20-30 ns through the vDSO, 1 us or more where the clock source makes
- * it a system call, and then threads stamp only at a few thousand
- * handlers a second. At the default threshold and 25 ns that is about
- * a million handlers a second (2.5% of a thread's time in clock reads
- * at the switch); the post benchmark's tens of millions are sampled. */
+ * it a system call. At the default threshold that is about a million
+ * handlers a second at 25 ns (2.5% of a thread's time in clock reads at
+ * the switch) and 26,000 at 1 us; the post benchmark's tens of millions
+ * are sampled. */
 #define LOOK_COST_NS 20000u
 
 /* A full barrier on every thread of the runtime, after the flag's store
