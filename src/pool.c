@@ -11,6 +11,14 @@
  *
  * Carving starts in a region the runtime reserved in its arena (rt.c),
  * sized for one batch per shard, and goes on in slabs of its own.
+ *
+ * Every object fills whole cache lines. An object is often freed by a
+ * thread other than the one that allocated it (a node is posted on one
+ * shard and run on another), so its neighbours in a slab soon belong to
+ * different threads' caches; two objects in one line then make every
+ * write to either a transfer between CPUs. With the 40-byte node rounded
+ * to 48, two self-posting strands on two workers ran 4x slower per handler
+ * than with 64 (BENCHMARKS.md, "Handler nodes of whole cache lines").
  */
 #include "internal.h"
 
@@ -26,7 +34,7 @@ struct weft__slab {
 int weft__pool_init(struct weft__pool *p, size_t objsize) {
   if (objsize < sizeof(struct weft__freeobj))
     objsize = sizeof(struct weft__freeobj);
-  objsize = (objsize + 15) & ~(size_t)15;
+  objsize = (objsize + WEFT_CACHELINE - 1) & ~(size_t)(WEFT_CACHELINE - 1);
   p->objsize = objsize;
   p->batches = NULL;
   p->loose.head = NULL;
