@@ -3,6 +3,13 @@
  *
  *  post_run_ns: one strand whose handler re-posts itself, on a one-worker
  *    runtime: the cost of one post plus one run on the same shard.
+ *  pair_run_ns: the same on a two-worker runtime with two such strands,
+ *    posted from outside; the wall time until both chains are done over
+ *    the chain length. Each worker runs one chain (a worker with both
+ *    leaves one to steal), so it is post_run_ns again unless the two
+ *    workers slow each other down: through a shared cache line (with
+ *    48-byte nodes, two neighbours in one line made it 4x post_run_ns)
+ *    or by both chains running on one worker.
  *  wake_p50_us / wake_p99_us: a thread outside the runtime posts to a
  *    runtime that is parked (it sleeps ~200 us between posts); the time from
  *    just before weft_post_rt to the handler's first instruction.
@@ -36,8 +43,9 @@ static void check(int r, const char *what) {
   }
 }
 
+/* A line each: pair_run_ns's two chains are written by two workers. */
 struct chain {
-  weft_strand *s;
+  _Alignas(64) weft_strand *s;
   long left;
   atomic_bool done;
 };
@@ -65,6 +73,30 @@ static double post_run_ns(long iterations) {
     usleep(1000);
   uint64_t t1 = now_ns();
   weft_strand_release(c.s);
+  weft_rt_destroy(rt);
+  return (double)(t1 - t0) / (double)iterations;
+}
+
+static double pair_run_ns(long iterations) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  weft_rt *rt;
+  check(weft_rt_create(&rt, &cfg), "weft_rt_create");
+  struct chain c[2];
+  for (int i = 0; i < 2; i++) {
+    c[i].left = iterations;
+    atomic_init(&c[i].done, false);
+    check(weft_strand_create(rt, &c[i].s), "weft_strand_create");
+  }
+  uint64_t t0 = now_ns();
+  for (int i = 0; i < 2; i++)
+    check(weft_post(c[i].s, repost, &c[i]), "weft_post");
+  while (!atomic_load(&c[0].done) || !atomic_load(&c[1].done))
+    usleep(1000);
+  uint64_t t1 = now_ns();
+  for (int i = 0; i < 2; i++)
+    weft_strand_release(c[i].s);
   weft_rt_destroy(rt);
   return (double)(t1 - t0) / (double)iterations;
 }
@@ -105,8 +137,8 @@ static void wake_latency(int samples, double *p50, double *p99) {
   weft_rt_destroy(rt);
 }
 
-/* Runs the Asio peer; fills its three figures, or returns false. */
-static bool run_peer(long iterations, int samples, double out[3]) {
+/* Runs the Asio peer; fills its four figures, or returns false. */
+static bool run_peer(long iterations, int samples, double out[4]) {
   char path[4096], it[32], sm[32];
   if (!bench_peer_path("asio_post", path, sizeof(path)))
     return false;
@@ -118,7 +150,8 @@ static bool run_peer(long iterations, int samples, double out[3]) {
     return false;
   bool ok = bench_json_num(buf, "post_run_ns", &out[0]) &&
             bench_json_num(buf, "wake_p50_us", &out[1]) &&
-            bench_json_num(buf, "wake_p99_us", &out[2]);
+            bench_json_num(buf, "wake_p99_us", &out[2]) &&
+            bench_json_num(buf, "pair_run_ns", &out[3]);
   free(buf);
   return ok;
 }
@@ -144,23 +177,27 @@ int main(int argc, char **argv) {
     fprintf(stderr, "post: --iterations >= 1, --samples >= 10\n");
     return 2;
   }
-  double ns = post_run_ns(iterations), p50, p99;
+  double ns = post_run_ns(iterations), pair = pair_run_ns(iterations), p50, p99;
   wake_latency(samples, &p50, &p99);
-  double a[3];
+  double a[4];
   bool have = peer && run_peer(iterations, samples, a);
-  printf("weft: post+run %.1f ns, wake p50 %.1f us p99 %.1f us\n", ns, p50,
-         p99);
+  printf("weft: post+run %.1f ns, two chains on two workers %.1f ns, wake "
+         "p50 %.1f us p99 %.1f us\n",
+         ns, pair, p50, p99);
   if (have)
-    printf("asio: post+run %.1f ns, wake p50 %.1f us p99 %.1f us\n", a[0], a[1],
-           a[2]);
+    printf("asio: post+run %.1f ns, two chains on two threads %.1f ns, wake "
+           "p50 %.1f us p99 %.1f us\n",
+           a[0], a[3], a[1], a[2]);
   printf("{\"bench\":\"post\",\"iterations\":%ld,\"samples\":%d,"
-         "\"post_run_ns\":%.2f,\"wake_p50_us\":%.2f,\"wake_p99_us\":%.2f",
-         iterations, samples, ns, p50, p99);
+         "\"post_run_ns\":%.2f,\"pair_run_ns\":%.2f,\"wake_p50_us\":%.2f,"
+         "\"wake_p99_us\":%.2f",
+         iterations, samples, ns, pair, p50, p99);
   if (have)
-    printf(",\"asio_post_run_ns\":%.2f,\"asio_wake_p50_us\":%.2f,"
-           "\"asio_wake_p99_us\":%.2f,\"post_run_speedup\":%.2f,"
+    printf(",\"asio_post_run_ns\":%.2f,\"asio_pair_run_ns\":%.2f,"
+           "\"asio_wake_p50_us\":%.2f,\"asio_wake_p99_us\":%.2f,"
+           "\"post_run_speedup\":%.2f,\"pair_run_speedup\":%.2f,"
            "\"wake_p50_speedup\":%.2f",
-           a[0], a[1], a[2], a[0] / ns, a[1] / p50);
+           a[0], a[3], a[1], a[2], a[0] / ns, a[3] / pair, a[1] / p50);
   printf("}\n");
   return 0;
 }

@@ -4,6 +4,10 @@
 // (a) post+run on one thread: one io_context run by one thread, one strand
 //     (asio::make_strand); a handler re-posts itself to that strand until it
 //     has run --iterations times. Reported: wall time / iterations, in ns.
+// (c) two chains on two threads: one io_context run by two threads, two
+//     strands, each with a handler re-posting itself --iterations times, as
+//     in (a). Reported: wall time until both are done / iterations, in ns
+//     (pair_run_ns; (a)'s figure if the threads do not slow each other).
 // (b) waking a parked io_context: one thread runs an io_context kept alive by
 //     a work guard and otherwise idle; a foreign thread, --samples times,
 //     sleeps --sleep-us (default 200 us, so the runner is asleep), takes a
@@ -13,8 +17,8 @@
 //     (nearest rank).
 //
 // Output: human lines, then as the last line one JSON object:
-//  {"impl":"asio","post_run_ns":X,"wake_p50_us":X,"wake_p99_us":X,
-//   "iterations":N,"samples":M}
+//  {"impl":"asio","post_run_ns":X,"pair_run_ns":X,"wake_p50_us":X,
+//   "wake_p99_us":X,"iterations":N,"samples":M}
 // Exit status: 0, 2 on bad flags, 1 on any other failure.
 
 #include <asio.hpp>
@@ -151,6 +155,33 @@ double post_run_ns(std::uint64_t iterations) {
          static_cast<double>(iterations);
 }
 
+// (c) Two strands' chains on an io_context run by two threads.
+double pair_run_ns(std::uint64_t iterations) {
+  asio::io_context ioc(2);
+  strand_type strand[2] = {asio::make_strand(ioc), asio::make_strand(ioc)};
+  struct alignas(64) count { // a line each: two threads write them
+    std::uint64_t n;
+  } left[2];
+  auto round = [&](std::uint64_t n) {
+    for (int i = 0; i < 2; ++i) {
+      left[i].n = n;
+      asio::post(strand[i], repost{&strand[i], &left[i].n});
+    }
+    std::thread other([&ioc] { ioc.run(); });
+    ioc.run();
+    other.join();
+    ioc.restart();
+  };
+  round(std::min<std::uint64_t>(iterations, 10000)); // untimed warm-up
+  const auto t0 = clock_type::now();
+  round(iterations);
+  const auto t1 = clock_type::now();
+  if (left[0].n != 0 || left[1].n != 0)
+    throw std::runtime_error("pair: a chain stopped early");
+  return std::chrono::duration<double, std::nano>(t1 - t0).count() /
+         static_cast<double>(iterations);
+}
+
 // (b) Cross-thread wake latency, in microseconds, one entry per sample.
 std::vector<double> wake_latencies(unsigned samples, unsigned sleep_us) {
   asio::io_context ioc;
@@ -213,6 +244,9 @@ int main(int argc, char **argv) {
                 "(%llu iterations)\n",
                 ns, static_cast<unsigned long long>(o.iterations));
     std::fflush(stdout);
+    const double pair = pair_run_ns(o.iterations);
+    std::printf("asio two chains on two threads, two strands: %.1f ns\n", pair);
+    std::fflush(stdout);
 
     std::vector<double> lat = wake_latencies(o.samples, o.sleep_us);
     std::sort(lat.begin(), lat.end());
@@ -221,10 +255,11 @@ int main(int argc, char **argv) {
     std::printf("asio wake of a parked io_context: p50 %.1f us, p99 %.1f us, "
                 "max %.1f us (%u samples, %u us apart)\n",
                 p50, p99, lat.back(), o.samples, o.sleep_us);
-    std::printf("{\"impl\":\"asio\",\"post_run_ns\":%.1f,\"wake_p50_us\":%.2f,"
-                "\"wake_p99_us\":%.2f,\"iterations\":%llu,\"samples\":%u}\n",
-                ns, p50, p99, static_cast<unsigned long long>(o.iterations),
-                o.samples);
+    std::printf("{\"impl\":\"asio\",\"post_run_ns\":%.1f,\"pair_run_ns\":%.1f,"
+                "\"wake_p50_us\":%.2f,\"wake_p99_us\":%.2f,\"iterations\":%llu,"
+                "\"samples\":%u}\n",
+                ns, pair, p50, p99,
+                static_cast<unsigned long long>(o.iterations), o.samples);
     std::fflush(stdout);
     return 0;
   } catch (const std::exception &e) {
