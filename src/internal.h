@@ -383,10 +383,18 @@ struct weft__shard {
   /* Timer firings: served before rq, so a timer's handler does not wait
    * behind busy strands' batches. Stolen like rq. */
   struct weft__runq prq;
+  /* Lines: what other threads read or take (rt, owner; timer_next; tlock
+   * and the wheel) never shares one with what the owner writes all the
+   * time (the fields below up to quiet), nor the one with the other: a
+   * look at a shard's timer_next or a settle under its tlock otherwise
+   * takes the line of the owner's pool caches with it, and the owner's
+   * next allocation waits for it back. On the 2-vCPU guest (2026-12-02)
+   * that made every firing cost twice what it did with one worker. */
   weft_rt *rt;
   unsigned idx;
   _Atomic(struct weft__thread *) owner;
-  uint32_t tick;
+  /* owner only */
+  uint32_t tick WEFT_ALIGNED;
   uint32_t peek;  /* the shard serve_one_overdue looks at last */
   uint32_t looks; /* next_item calls, for its look every 16 */
   uint32_t rng;
@@ -394,12 +402,16 @@ struct weft__shard {
   struct weft__pool_cache strand_cache;
   struct weft__pool_cache timer_cache;
   struct weft__pool_cache sock_cache;
+  /* firing a batch of timers, whose pushes notify parked threads once
+   * after tlock is released instead of once each (timer.c), or reaping
+   * completions (io_uring.c, REAP_SHARE_MIN) */
+  bool quiet;
   /* timers: next deadline (ns, UINT64_MAX: none) readable without tlock */
-  _Atomic uint64_t timer_next;
-  weft__lock_t tlock;
+  _Atomic uint64_t timer_next WEFT_ALIGNED;
+  weft__lock_t tlock WEFT_ALIGNED;
   struct weft__wheel wheel;
   /* counters: written by the owning thread, read by anyone */
-  _Atomic uint64_t st_timers_fired;
+  _Atomic uint64_t st_timers_fired WEFT_ALIGNED;
   _Atomic uint64_t st_stalls, st_handoffs; /* written by the monitor */
   _Atomic uint64_t st_handlers_run, st_handlers_cancelled, st_strands_run,
       st_steals, st_parks, st_wakeups, st_injected;
@@ -407,10 +419,6 @@ struct weft__shard {
   _Atomic uint64_t st_io_events, st_io_enters;
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
   _Atomic(struct weft__io *) io;
-  /* owner only: firing a batch of timers, whose pushes notify parked
-   * threads once after tlock is released instead of once each (timer.c),
-   * or reaping completions (io_uring.c, REAP_SHARE_MIN) */
-  bool quiet;
   /* sockets registered here, for the shutdown sweep (tcp.c) */
   pthread_mutex_t tcp_lock;
   struct weft__sock *tcp_list;
@@ -419,6 +427,13 @@ struct weft__shard {
    * here, not in the slot, since spares reuse slots (monitor.c) */
   _Atomic uint32_t thread_dormant;
 } WEFT_ALIGNED;
+
+#define WEFT__LINE_OF(f) (offsetof(struct weft__shard, f) / WEFT_CACHELINE)
+_Static_assert(WEFT__LINE_OF(owner) < WEFT__LINE_OF(tick) &&
+                   WEFT__LINE_OF(quiet) < WEFT__LINE_OF(timer_next) &&
+                   WEFT__LINE_OF(timer_next) < WEFT__LINE_OF(tlock),
+               "a shard's shared fields and its owner's do not share lines");
+#undef WEFT__LINE_OF
 
 /* The stall protocol (monitor.c has the argument). hstate is written only
  * by its thread: (epoch << 2) | HS_*, a new epoch per handler. */
