@@ -186,11 +186,6 @@ static struct weft__thread *unpark_one_locked(weft_rt *rt, bool for_work) {
   return t;
 }
 
-static void wake_unparked(weft_rt *rt, struct weft__thread *t) {
-  wake_thread(rt, t);
-  weft__monitor_nudge(rt); /* a thread runs: the monitor watches again */
-}
-
 void weft__notify_parked(weft_rt *rt) {
   struct weft__idle *idle = &rt->idle;
   /* An RMW, not a load: see the no-lost-wakeup argument above. */
@@ -204,7 +199,7 @@ void weft__notify_parked(weft_rt *rt) {
     t = unpark_one_locked(rt, true);
   pthread_mutex_unlock(&idle->lock);
   if (t)
-    wake_unparked(rt, t);
+    wake_thread(rt, t);
 }
 
 void weft__poke(weft_rt *rt) {
@@ -212,7 +207,7 @@ void weft__poke(weft_rt *rt) {
   struct weft__thread *t = unpark_one_locked(rt, false);
   pthread_mutex_unlock(&rt->idle.lock);
   if (t)
-    wake_unparked(rt, t);
+    wake_thread(rt, t);
 }
 
 bool weft__to_searching(weft_rt *rt, struct weft__thread *t) {
@@ -455,6 +450,20 @@ bool weft__park_resume(weft_rt *rt, struct weft__thread *t) {
     return false;
   }
   t->searching = true; /* the waker counted us as a searcher */
+  /* A thread runs: the monitor, if it sleeps for an idle runtime, watches
+   * again. The woken thread wakes it, before it runs anything, not its
+   * waker: the waker's unpark (an RMW on idle.state, seq_cst) happens
+   * before this load of m->sleeping (through t->wake), so either the
+   * monitor's load of idle.state after its store of sleeping saw the
+   * unpark, or this load sees sleeping (monitor.c, the idle sleep).
+   * Woken by the waker right after this thread, on the 2-vCPU guest
+   * (2026-12-02, build/bench/post's wake test, 10 alternating runs),
+   * the posts that found the monitor asleep (about 1 in 100) ran their
+   * handler 1-3.6 ms late: wake p99 0.2-2.7 ms, against 67-118 us with
+   * the nudge here. perf sched showed late ones queued behind their
+   * spinning waker for a whole slice while the other vCPU idled; why the
+   * second wakeup sent them there was not found. */
+  weft__monitor_nudge(rt);
   return true;
 }
 
@@ -567,7 +576,7 @@ static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
   if (err && why == 2)
     kick_sleepers(rt, deadline);
   if (next)
-    wake_unparked(rt, next);
+    wake_thread(rt, next);
 }
 
 int weft__start_dormant_all(weft_rt *rt) {
