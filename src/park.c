@@ -459,7 +459,7 @@ bool weft__park_resume(weft_rt *rt, struct weft__thread *t) {
    * Woken by the waker right after this thread, on the 2-vCPU guest
    * (2026-12-02, build/bench/post's wake test, 10 alternating runs),
    * the posts that found the monitor asleep (about 1 in 100) ran their
-   * handler 1-3.6 ms late: wake p99 0.2-2.7 ms, against 67-118 us with
+   * handler 1-3.6 ms late: wake p99 0.14-2.7 ms, against 67-118 us with
    * the nudge here. perf sched showed late ones queued behind their
    * spinning waker for a whole slice while the other vCPU idled; why the
    * second wakeup sent them there was not found. */
