@@ -1,5 +1,5 @@
 /*
- * post - the cost of a post, two ways.
+ * post - the cost of a post, three ways.
  *
  *  post_run_ns: one strand whose handler re-posts itself, on a one-worker
  *    runtime: the cost of one post plus one run on the same shard.
@@ -8,8 +8,9 @@
  *    the chain length. Each worker runs one chain (a worker with both
  *    leaves one to steal), so it is post_run_ns again unless the two
  *    workers slow each other down: through a shared cache line (with
- *    48-byte nodes, two neighbours in one line made it 4x post_run_ns)
- *    or by both chains running on one worker.
+ *    48-byte nodes, two neighbours in one line made it about twice
+ *    post_run_ns here; BENCHMARKS.md) or by both chains running on one
+ *    worker.
  *  wake_p50_us / wake_p99_us: a thread outside the runtime posts to a
  *    runtime that is parked (it sleeps ~200 us between posts); the time from
  *    just before weft_post_rt to the handler's first instruction.
@@ -58,44 +59,28 @@ static void repost(void *arg) {
     atomic_store(&c->done, true);
 }
 
-static double post_run_ns(long iterations) {
+/* n workers, n self-posting chains started from outside: wall time until
+ * all are done over the chain length (post_run_ns: n = 1; pair: 2). */
+static double chains_run_ns(long iterations, unsigned n) {
   weft_config cfg;
   weft_config_init(&cfg);
-  cfg.workers = 1;
-  weft_rt *rt;
-  check(weft_rt_create(&rt, &cfg), "weft_rt_create");
-  struct chain c = {.left = iterations};
-  atomic_init(&c.done, false);
-  check(weft_strand_create(rt, &c.s), "weft_strand_create");
-  uint64_t t0 = now_ns();
-  check(weft_post(c.s, repost, &c), "weft_post");
-  while (!atomic_load(&c.done))
-    usleep(1000);
-  uint64_t t1 = now_ns();
-  weft_strand_release(c.s);
-  weft_rt_destroy(rt);
-  return (double)(t1 - t0) / (double)iterations;
-}
-
-static double pair_run_ns(long iterations) {
-  weft_config cfg;
-  weft_config_init(&cfg);
-  cfg.workers = 2;
+  cfg.workers = n;
   weft_rt *rt;
   check(weft_rt_create(&rt, &cfg), "weft_rt_create");
   struct chain c[2];
-  for (int i = 0; i < 2; i++) {
+  for (unsigned i = 0; i < n; i++) {
     c[i].left = iterations;
     atomic_init(&c[i].done, false);
     check(weft_strand_create(rt, &c[i].s), "weft_strand_create");
   }
   uint64_t t0 = now_ns();
-  for (int i = 0; i < 2; i++)
+  for (unsigned i = 0; i < n; i++)
     check(weft_post(c[i].s, repost, &c[i]), "weft_post");
-  while (!atomic_load(&c[0].done) || !atomic_load(&c[1].done))
-    usleep(1000);
+  for (unsigned i = 0; i < n; i++)
+    while (!atomic_load(&c[i].done))
+      usleep(1000);
   uint64_t t1 = now_ns();
-  for (int i = 0; i < 2; i++)
+  for (unsigned i = 0; i < n; i++)
     weft_strand_release(c[i].s);
   weft_rt_destroy(rt);
   return (double)(t1 - t0) / (double)iterations;
@@ -177,7 +162,8 @@ int main(int argc, char **argv) {
     fprintf(stderr, "post: --iterations >= 1, --samples >= 10\n");
     return 2;
   }
-  double ns = post_run_ns(iterations), pair = pair_run_ns(iterations), p50, p99;
+  double ns = chains_run_ns(iterations, 1), pair = chains_run_ns(iterations, 2),
+         p50, p99;
   wake_latency(samples, &p50, &p99);
   double a[4];
   bool have = peer && run_peer(iterations, samples, a);
