@@ -18,7 +18,8 @@
  * different threads' caches; two objects in one line then make every
  * write to either a transfer between CPUs. With the 40-byte node rounded
  * to 48, two self-posting strands on two workers ran 4x slower per handler
- * than with 64 (BENCHMARKS.md, "Handler nodes of whole cache lines").
+ * in a test program than with 64, bench/post's pair 2x (BENCHMARKS.md,
+ * "Handler nodes of whole cache lines").
  */
 #include "internal.h"
 
