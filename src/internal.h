@@ -64,6 +64,9 @@ struct weft_strand {
   weft_rt *rt;
   _Atomic uint32_t released; /* set by weft_strand_release */
   uint32_t magic;
+  /* its home shard, for good: the wheel its timers are on, and the pool
+   * its memory and its timers' comes from (weft__home_pick) */
+  uint32_t home;
   bool self_released; /* drainer only: released from its own handler */
 };
 
@@ -184,16 +187,16 @@ struct weft_timer {
   uint64_t period;         /* ns, 0: one-shot */
   weft_timer_fn fn;
   void *arg;
-  /* its strand, or its runtime | WEFT_T_NOSTRAND; | WEFT_T_DESTROYED once
-   * weft_timer_destroy ran. Set at create; the destroyed bit is set under
-   * tlock and read without it by a firing about to run (timer.c). */
+  /* its strand, or its home shard | WEFT_T_NOSTRAND; | WEFT_T_DESTROYED
+   * once weft_timer_destroy ran. Set at create; the destroyed bit is set
+   * under tlock and read without it by a firing about to run (timer.c). */
   _Atomic uintptr_t owner;
   /* state: WEFT_T_*; where: level * 64 + slot while ARMED; inflight: firings
    * queued or running; missed: reported to the next firing. */
   uint64_t state : 2, where : 9, inflight : 16, missed : 32;
 };
 
-/* owner's low bits: strands and runtimes are aligned to at least 8 bytes */
+/* owner's low bits: strands and shards are aligned to at least 8 bytes */
 #define WEFT_T_NOSTRAND ((uintptr_t)1)
 #define WEFT_T_DESTROYED ((uintptr_t)2)
 #define WEFT_T_OWNER_BITS ((uintptr_t)3)
@@ -201,11 +204,6 @@ struct weft_timer {
 static inline weft_strand *weft__timer_strand(const struct weft_timer *t) {
   uintptr_t o = weft__load(&t->owner, WA_RLX);
   return (o & WEFT_T_NOSTRAND) ? NULL : (weft_strand *)(o & ~WEFT_T_OWNER_BITS);
-}
-static inline weft_rt *weft__timer_rt(const struct weft_timer *t) {
-  uintptr_t o = weft__load(&t->owner, WA_RLX);
-  return (o & WEFT_T_NOSTRAND) ? (weft_rt *)(o & ~WEFT_T_OWNER_BITS)
-                               : ((weft_strand *)(o & ~WEFT_T_OWNER_BITS))->rt;
 }
 
 void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns);
@@ -428,6 +426,11 @@ struct weft__shard {
   /* 1 while the shard's own thread (threads[idx]) is dormant (park.c);
    * here, not in the slot, since spares reuse slots (monitor.c) */
   _Atomic uint32_t thread_dormant;
+  /* The memory of the strands and timers homed here. The owner's caches
+   * above trade with them under their locks; so do other threads creating
+   * or freeing such objects, without a cache (weft__home_pick). */
+  struct weft__pool strand_pool WEFT_ALIGNED;
+  struct weft__pool timer_pool;
 } WEFT_ALIGNED;
 
 #define WEFT__LINE_OF(f) (offsetof(struct weft__shard, f) / WEFT_CACHELINE)
@@ -536,8 +539,6 @@ struct weft_rt {
   struct weft__inject inject;
   struct weft__idle idle;
   struct weft__pool node_pool;
-  struct weft__pool strand_pool;
-  struct weft__pool timer_pool;
   struct weft__pool sock_pool;
   unsigned timer_slack_ns;
   unsigned timer_spin_ns;          /* 0: never spin */
@@ -552,6 +553,7 @@ struct weft_rt {
   _Atomic int64_t tcp_open;        /* sockets whose descriptor is open */
   _Atomic uint64_t tcp_live;       /* sockets not yet freed */
   _Atomic uint32_t tcp_rr;         /* home shard of sockets made outside */
+  _Atomic uint32_t home_rr;        /* of strands, timers made outside */
   _Atomic uint32_t no_poll_first;  /* the kernel refused RECVSEND_POLL_FIRST */
   _Atomic uint32_t no_multishot;   /* the kernel refused a multishot receive */
   _Atomic uint64_t recv_nobufs;    /* multishot receives that found no buffer */
@@ -686,16 +688,31 @@ void weft__blocking_shutdown(weft_rt *rt);
 void weft__blocking_destroy(weft_rt *rt);
 void weft__blocking_stats(weft_rt *rt, weft_stats *out);
 
-/* The home shard: a multiplicative hash of the strand's (or the timer's)
- * address, mapped onto the shards by a multiply-shift instead of a modulo
- * (a division costs more than the rest of a cancel). */
-static inline struct weft__shard *weft__timer_home(struct weft_timer *t) {
+/* Homes. A strand, and a timer without strand, gets a home shard when it
+ * is created (weft__home_pick) and keeps it: the shard whose wheel its
+ * timers are on, and whose pools its memory and its timers' come from.
+ * So one home's objects lie together in memory, apart from the others'.
+ * Hashed from the address, as before, the two homes' timers and strands
+ * alternated line by line, and a catch-up of 1000 overdue timers by two
+ * workers took 521-649 us (medians of 40) where it takes 312-362 now
+ * (BENCHMARKS.md, "A home chosen at creation"). */
+static inline struct weft__shard *weft__timer_home(const struct weft_timer *t) {
   uintptr_t o = weft__load(&t->owner, WA_RLX);
-  uintptr_t p = (o & WEFT_T_NOSTRAND) ? (uintptr_t)t : o & ~WEFT_T_OWNER_BITS;
-  uint32_t h = (uint32_t)((p >> 6) ^ (p >> 38)) * 0x9e3779b1u;
-  weft_rt *rt = (o & WEFT_T_NOSTRAND) ? (weft_rt *)(o & ~WEFT_T_OWNER_BITS)
-                                      : ((weft_strand *)p)->rt;
-  return &rt->shards[((uint64_t)h * rt->nshards) >> 32];
+  if (o & WEFT_T_NOSTRAND)
+    return (struct weft__shard *)(o & ~WEFT_T_OWNER_BITS);
+  weft_strand *s = (weft_strand *)(o & ~WEFT_T_OWNER_BITS);
+  return &s->rt->shards[s->home];
+}
+static inline weft_rt *weft__timer_rt(const struct weft_timer *t) {
+  return weft__timer_home(t)->rt;
+}
+/* A new object's home: the shard of the creating thread, which then
+ * allocates from its own cache; from any other thread, the shards in
+ * turn. */
+static inline unsigned weft__home_pick(weft_rt *rt, struct weft__shard *local) {
+  if (local)
+    return local->idx;
+  return weft__fetch_add(&rt->home_rr, 1, WA_RLX) % rt->nshards;
 }
 
 /* Scheduling (shard.c). */

@@ -52,17 +52,16 @@ static void *zalloc_aligned(size_t bytes) {
  * prefill fills live in one anonymous mapping, populated by the mmap call
  * itself and zero already. From malloc, the same 1.4 MB for 64 shards cost
  * one page fault per page on every create (glibc gives the heap's top back
- * at free), about 320 faults or 0.3 ms of the create's one thread. */
+ * at free), about 320 faults or 0.3 ms of the create's one thread. The
+ * shards' own pools (strands, timers) get their batch each, one shard's
+ * after the other's. */
 static int arena_map(weft_rt *rt, unsigned workers, unsigned max_threads) {
-  struct weft__pool *pools[] = {&rt->node_pool, &rt->strand_pool,
-                                &rt->timer_pool};
   size_t shards = line_up(workers * sizeof(*rt->shards));
   size_t threads = line_up(max_threads * sizeof(*rt->threads));
-  size_t bytes = shards + threads, batch[3];
-  for (int i = 0; i < 3; i++) {
-    batch[i] = line_up((size_t)workers * WEFT_POOL_BATCH * pools[i]->objsize);
-    bytes += batch[i];
-  }
+  size_t node = (size_t)workers * WEFT_POOL_BATCH * rt->node_pool.objsize;
+  size_t strand = WEFT_POOL_BATCH * (size_t)WEFT_CACHELINE;
+  size_t timer = WEFT_POOL_BATCH * line_up(sizeof(struct weft_timer));
+  size_t bytes = shards + threads + node + workers * (strand + timer);
   void *a = mmap(NULL, bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (a == MAP_FAILED)
@@ -72,10 +71,15 @@ static int arena_map(weft_rt *rt, unsigned workers, unsigned max_threads) {
   char *p = a;
   rt->shards = (struct weft__shard *)p;
   rt->threads = (struct weft__thread *)(p += shards);
-  p += threads;
-  for (int i = 0; i < 3; i++) {
-    weft__pool_reserve(pools[i], p, batch[i]);
-    p += batch[i];
+  weft__pool_reserve(&rt->node_pool, p += threads, node);
+  p += node;
+  for (unsigned i = 0; i < workers; i++) {
+    struct weft__shard *sh = &rt->shards[i];
+    weft__pool_init(&sh->strand_pool, WEFT_CACHELINE);
+    weft__pool_init(&sh->timer_pool, sizeof(struct weft_timer));
+    weft__pool_reserve(&sh->strand_pool, p, strand);
+    weft__pool_reserve(&sh->timer_pool, p += strand, timer);
+    p += timer;
   }
   return 0;
 }
@@ -91,12 +95,12 @@ static void prefill(weft_rt *rt, struct weft__shard *sh) {
   void *n = weft__pool_alloc(&rt->node_pool, &sh->node_cache);
   if (n)
     weft__pool_free(&rt->node_pool, &sh->node_cache, n);
-  void *s = weft__pool_alloc(&rt->strand_pool, &sh->strand_cache);
+  void *s = weft__pool_alloc(&sh->strand_pool, &sh->strand_cache);
   if (s)
-    weft__pool_free(&rt->strand_pool, &sh->strand_cache, s);
-  void *t = weft__pool_alloc(&rt->timer_pool, &sh->timer_cache);
+    weft__pool_free(&sh->strand_pool, &sh->strand_cache, s);
+  void *t = weft__pool_alloc(&sh->timer_pool, &sh->timer_cache);
   if (t)
-    weft__pool_free(&rt->timer_pool, &sh->timer_cache, t);
+    weft__pool_free(&sh->timer_pool, &sh->timer_cache, t);
 }
 
 static void rt_free(weft_rt *rt) {
@@ -104,11 +108,11 @@ static void rt_free(weft_rt *rt) {
   weft__io_destroy(rt);
   for (unsigned i = 0; i < rt->nshards; i++) {
     pthread_mutex_destroy(&rt->shards[i].tcp_lock);
+    weft__pool_destroy(&rt->shards[i].strand_pool);
+    weft__pool_destroy(&rt->shards[i].timer_pool);
   }
   weft__pool_destroy(&rt->sock_pool);
   weft__pool_destroy(&rt->node_pool);
-  weft__pool_destroy(&rt->strand_pool);
-  weft__pool_destroy(&rt->timer_pool);
   weft__inject_destroy(&rt->inject);
   weft__blocking_destroy(rt); /* no-op if destroy already did it */
   weft__idle_destroy(&rt->idle);
@@ -299,8 +303,6 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   }
   rt->spares = calloc(c->max_threads, sizeof(*rt->spares));
   weft__pool_init(&rt->node_pool, sizeof(struct weft__node));
-  weft__pool_init(&rt->strand_pool, WEFT_CACHELINE);
-  weft__pool_init(&rt->timer_pool, sizeof(struct weft_timer));
   weft__pool_init(&rt->sock_pool, weft__sock_size());
   int ar = arena_map(rt, c->workers, c->max_threads);
   weft__inject_init(&rt->inject);

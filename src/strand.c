@@ -46,6 +46,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+/* rt.c makes the strand pools' objects one line each */
+_Static_assert(sizeof(weft_strand) <= WEFT_CACHELINE, "a strand fits a line");
+
 #define RELEASED_BIT ((uintptr_t)1)
 #define LINK_SPINS 64
 
@@ -79,8 +82,9 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   if (weft__load(&rt->closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
-  weft_strand *s =
-      weft__pool_alloc(&rt->strand_pool, sh ? &sh->strand_cache : NULL);
+  unsigned home = weft__home_pick(rt, sh);
+  weft_strand *s = weft__pool_alloc(&rt->shards[home].strand_pool,
+                                    sh ? &sh->strand_cache : NULL);
   if (!s) {
     weft__local_end(sh);
     return -ENOMEM;
@@ -89,6 +93,7 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   weft__store(&s->tail, 0, WA_RLX);
   s->head = s->ran = NULL;
   s->rt = rt;
+  s->home = home;
   weft__store(&s->released, 0, WA_RLX);
   s->magic = WEFT_STRAND_MAGIC;
   s->self_released = false;
@@ -111,7 +116,8 @@ static void strand_reclaim(weft_strand *s) {
   else
     weft__fetch_add(&rt->foreign_strands_freed, 1, WA_RLX);
 #ifndef WEFT_DEBUG
-  weft__pool_free(&rt->strand_pool, sh ? &sh->strand_cache : NULL, s);
+  struct weft__shard *home = &rt->shards[s->home];
+  weft__pool_free(&home->strand_pool, sh == home ? &sh->strand_cache : NULL, s);
 #endif
   weft__local_end(sh);
 }

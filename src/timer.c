@@ -180,21 +180,25 @@ struct firing {
   uint64_t period; /* for settle: whether to read the clock before tlock */
 };
 
-_Static_assert(sizeof(struct firing) <= 64, "a firing fits a timer slot");
+/* A firing lives as long as its node, and comes from the node pool: it is
+ * freed by whichever thread runs it, into that thread's cache. */
+_Static_assert(sizeof(struct firing) <= WEFT_CACHELINE &&
+                   sizeof(struct weft__node) <= WEFT_CACHELINE,
+               "a firing fits a node's slot");
 _Static_assert(sizeof(struct weft_timer) == 64, "a timer is 64 bytes");
 _Static_assert(_Alignof(weft_strand) > WEFT_T_OWNER_BITS &&
-                   _Alignof(weft_rt) > WEFT_T_OWNER_BITS,
+                   _Alignof(struct weft__shard) > WEFT_T_OWNER_BITS,
                "owner's low bits are free");
 
 /* Fires t (out of the wheel) from `local`; tlock held. On allocation
  * failure the firing is not lost: t is re-armed 1 ms later. */
 static void fire_locked(weft_timer *t, struct weft__shard *home,
                         struct weft__shard *local, bool cancel) {
-  weft_rt *rt = weft__timer_rt(t);
+  weft_rt *rt = home->rt;
   struct weft__node *n =
       weft__pool_alloc(&rt->node_pool, local ? &local->node_cache : NULL);
   struct firing *f =
-      n ? weft__pool_alloc(&rt->timer_pool, local ? &local->timer_cache : NULL)
+      n ? weft__pool_alloc(&rt->node_pool, local ? &local->node_cache : NULL)
         : NULL;
   if (!f) {
     if (n)
@@ -295,8 +299,9 @@ int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
   if (weft__load(&rt->closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
+  struct weft__shard *home = &rt->shards[s ? s->home : weft__home_pick(rt, sh)];
   weft_timer *t =
-      weft__pool_alloc(&rt->timer_pool, sh ? &sh->timer_cache : NULL);
+      weft__pool_alloc(&home->timer_pool, sh == home ? &sh->timer_cache : NULL);
   weft__local_end(sh);
   if (!t)
     return -ENOMEM;
@@ -304,7 +309,7 @@ int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
   t->deadline = t->period = 0;
   t->fn = NULL;
   t->arg = NULL;
-  weft__store(&t->owner, s ? (uintptr_t)s : (uintptr_t)rt | WEFT_T_NOSTRAND,
+  weft__store(&t->owner, s ? (uintptr_t)s : (uintptr_t)home | WEFT_T_NOSTRAND,
               WA_RLX);
   t->state = WEFT_T_IDLE;
   t->where = 0;
@@ -314,9 +319,17 @@ int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
   return 0;
 }
 
-static void obj_free(weft_rt *rt, void *obj) {
+/* Into its home's pool; its strand, if any, is still alive. */
+static void timer_free(weft_timer *t) {
+  struct weft__shard *home = weft__timer_home(t);
+  struct weft__shard *sh = weft__local_begin(home->rt);
+  weft__pool_free(&home->timer_pool, sh == home ? &sh->timer_cache : NULL, t);
+  weft__local_end(sh);
+}
+
+static void firing_free(weft_rt *rt, struct firing *f) {
   struct weft__shard *sh = weft__local_begin(rt);
-  weft__pool_free(&rt->timer_pool, sh ? &sh->timer_cache : NULL, obj);
+  weft__pool_free(&rt->node_pool, sh ? &sh->node_cache : NULL, f);
   weft__local_end(sh);
 }
 
@@ -417,7 +430,7 @@ void weft_timer_destroy(weft_timer *t) {
   bool now = t->inflight == 0;
   weft__unlock(&home->tlock);
   if (now)
-    obj_free(weft__timer_rt(t), t);
+    timer_free(t);
 }
 
 /* The first deadline of t's grid after now, and how many passed unfired
@@ -503,9 +516,9 @@ static void run_firing(struct firing *f, bool cancel) {
   bool free_it;
   if (settle(f, !skip && !cancel, &free_it))
     f->fn(f->arg, -ECANCELED, 0); /* a periodic timer's last call */
-  obj_free(rt, f);
+  firing_free(rt, f);
   if (free_it)
-    obj_free(rt, t);
+    timer_free(t);
 }
 
 static void tramp(void *arg) { run_firing(arg, false); }

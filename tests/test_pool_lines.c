@@ -95,8 +95,8 @@ static void test_runtime_objects(void **state) {
   cfg.workers = 2;
   weft_rt *rt;
   assert_int_equal(weft_rt_create(&rt, &cfg), 0);
-  struct weft__pool *pools[] = {&rt->node_pool, &rt->strand_pool,
-                                &rt->timer_pool, &rt->sock_pool};
+  struct weft__pool *pools[] = {&rt->node_pool, &rt->shards[0].strand_pool,
+                                &rt->shards[1].timer_pool, &rt->sock_pool};
   for (size_t i = 0; i < sizeof(pools) / sizeof(pools[0]); i++)
     assert_int_equal(pools[i]->objsize % LINE, 0);
   weft_strand *s[8];
