@@ -232,8 +232,8 @@ WEFT_API const char *weft_rt_backend_name(const weft_rt *rt);
  * threads are ordered by the moment they were accepted), never concurrently.
  * A strand is about 64 bytes and touches nothing shared with other strands.
  * Its handlers run on any worker; its timers are kept by one shard, its
- * home: the creating thread's, or the shards in turn when created outside
- * the runtime (a timer without strand is homed the same way).
+ * home, chosen in turn over the shards (a timer without strand is homed
+ * the same way).
  * Errors: -EINVAL, -ENOMEM, -ESHUTDOWN. Any thread. */
 WEFT_API int weft_strand_create(weft_rt *rt, weft_strand **s);
 

@@ -398,6 +398,7 @@ struct weft__shard {
   uint32_t peek;  /* the shard serve_one_overdue looks at last */
   uint32_t looks; /* next_item calls, for its look every 16 */
   uint32_t rng;
+  uint32_t home_next; /* weft__home_pick: the home of the next object */
   struct weft__pool_cache node_cache;
   struct weft__pool_cache strand_cache;
   struct weft__pool_cache timer_cache;
@@ -706,13 +707,20 @@ static inline struct weft__shard *weft__timer_home(const struct weft_timer *t) {
 static inline weft_rt *weft__timer_rt(const struct weft_timer *t) {
   return weft__timer_home(t)->rt;
 }
-/* A new object's home: the shard of the creating thread, which then
- * allocates from its own cache; from any other thread, the shards in
- * turn. */
+/* A new object's home: the shards in turn, each creating thread (a
+ * worker's own count, or one count for every thread outside) starting
+ * from its own shard. Not the creator's shard always: 1000 strands made
+ * by one handler then had all their timers on one wheel, and one thread
+ * firing 10^6 timers a second ran p99 0.47-0.92 ms late where homes in
+ * turn run 44-54 us (BENCHMARKS.md, "A home chosen at creation"). An
+ * object of another home than the creator's comes from that home's
+ * depot, under its lock. */
 static inline unsigned weft__home_pick(weft_rt *rt, struct weft__shard *local) {
-  if (local)
-    return local->idx;
-  return weft__fetch_add(&rt->home_rr, 1, WA_RLX) % rt->nshards;
+  if (!local)
+    return weft__fetch_add(&rt->home_rr, 1, WA_RLX) % rt->nshards;
+  unsigned h = local->home_next;
+  local->home_next = h + 1 == rt->nshards ? 0 : h + 1;
+  return h;
 }
 
 /* Scheduling (shard.c). */

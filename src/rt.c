@@ -357,6 +357,7 @@ int weft_rt_create(weft_rt **out, const weft_config *cfg) {
     sh->idx = i;
     sh->rng = 0x9e3779b9u * (i + 1);
     sh->peek = i; /* shards look at the others from different places */
+    sh->home_next = i;
     t->rt = rt;
     t->idx = i;
     t->shard = sh;

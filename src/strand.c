@@ -82,9 +82,9 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   if (weft__load(&rt->closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
-  unsigned home = weft__home_pick(rt, sh);
-  weft_strand *s = weft__pool_alloc(&rt->shards[home].strand_pool,
-                                    sh ? &sh->strand_cache : NULL);
+  struct weft__shard *home = &rt->shards[weft__home_pick(rt, sh)];
+  weft_strand *s = weft__pool_alloc(&home->strand_pool,
+                                    sh == home ? &sh->strand_cache : NULL);
   if (!s) {
     weft__local_end(sh);
     return -ENOMEM;
@@ -93,7 +93,7 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   weft__store(&s->tail, 0, WA_RLX);
   s->head = s->ran = NULL;
   s->rt = rt;
-  s->home = home;
+  s->home = home->idx;
   weft__store(&s->released, 0, WA_RLX);
   s->magic = WEFT_STRAND_MAGIC;
   s->self_released = false;
