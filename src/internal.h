@@ -704,8 +704,12 @@ static inline struct weft__shard *weft__timer_home(const struct weft_timer *t) {
   weft_strand *s = (weft_strand *)(o & ~WEFT_T_OWNER_BITS);
   return &s->rt->shards[s->home];
 }
+/* Its runtime, without the detour through the strand's home shard. */
 static inline weft_rt *weft__timer_rt(const struct weft_timer *t) {
-  return weft__timer_home(t)->rt;
+  uintptr_t o = weft__load(&t->owner, WA_RLX);
+  if (o & WEFT_T_NOSTRAND)
+    return ((struct weft__shard *)(o & ~WEFT_T_OWNER_BITS))->rt;
+  return ((weft_strand *)(o & ~WEFT_T_OWNER_BITS))->rt;
 }
 /* A new object's home: the shards in turn, each creating thread (a
  * worker's own count, or one count for every thread outside) starting
