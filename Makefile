@@ -1,24 +1,41 @@
 # weft: convenience targets around CMake.
 #
-#   make [all]      check Debian packages, configure and build build/ (Release)
-#   make demo       build, then run build/examples/seed_strand
+# Each target asks only for what it needs: it first runs tools/deps.sh with
+# its level (which installs missing Debian packages as root, or prints the
+# apt-get command), then configures build/ with the parts it needs
+# (WEFT_BUILD_TESTS, _EXAMPLES, _BENCH; see CMakeLists.txt) and builds it.
+# Configure and build are quiet: one line each, the full output in
+# build*/configure.log and build*/build.log, printed if they fail (V=1
+# prints everything).
+#
+#   make [all]      the library and the examples in build/ (Release); needs
+#                   only a C compiler, cmake, pkg-config and liburing-dev
+#   make install [PREFIX=/usr/local] [DESTDIR=]  build, then install the
+#                   library, header, weft.pc and CMake package
+#   make demo       build the examples, benchmarks and their Asio peers
+#                   (deps: g++, libasio-dev), then run
+#                   build/examples/seed_strand
 #   make test       build and ctest three configurations: build/ (gcc,
 #                   Release), build-asan/ (clang, ASan+UBSan, Debug),
-#                   build-tsan/ (gcc, TSan, RelWithDebInfo)
+#                   build-tsan/ (gcc, TSan, RelWithDebInfo); the tests and
+#                   examples only (deps: cmocka, clang)
 #   make test-release | test-asan | test-tsan    one of them
-#   make bench      build, then run every benchmark in build/bench/
-#   make bench-net  check the benchmark's Debian packages too (wrk, nginx,
-#                   haproxy: tools/deps.sh bench), build, then run bench/net:
-#                   HTTP servers and a TCP proxy under wrk against nginx,
-#                   Asio, libuv and HAProxy
+#   make bench      build the benchmarks and peers, then run every benchmark
+#                   in build/bench/ (deps: everything, tools/deps.sh bench)
+#   make bench-net  the same build, then run bench/net: HTTP servers and a
+#                   TCP proxy under wrk against nginx, Asio, libuv and
+#                   HAProxy
 #   make format | format-check                   clang-format the sources
-#   make install [PREFIX=/usr/local] [DESTDIR=]  install build/
 #   make clean      remove the build directories
 #
-# Variables: JOBS (build parallelism, default nproc), CTEST_TIMEOUT (seconds
-# per test, default 300), CTEST_ARGS (more ctest arguments, e.g. -R strand),
-# BENCH_SKIP (shell patterns of build/bench/ programs not to run),
-# BENCH_NET_ARGS (bench/net options, e.g. --seconds 10 --connections 100).
+# build/ is shared: each target configures it with its own parts, so the
+# parts of an earlier target may no longer be built (their files stay).
+#
+# Variables: JOBS (build parallelism, default nproc), V=1 (show configure
+# and build output), CTEST_TIMEOUT (seconds per test, default 300),
+# CTEST_ARGS (more ctest arguments, e.g. -R strand), BENCH_SKIP (shell
+# patterns of build/bench/ programs not to run), BENCH_NET_ARGS (bench/net
+# options, e.g. --seconds 10 --connections 100).
 
 .NOTPARALLEL:
 .DEFAULT_GOAL := all
@@ -44,13 +61,18 @@ FORMAT_DIRS := $(wildcard src include tests bench examples)
 FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \
                  \( -name '*.c' -o -name '*.h' -o -name '*.cpp' \) | sort)
 
-# $(call configure,DIR,CC,CXX,CMAKE ARGS): configure and build DIR.
-define configure
-$(CMAKE) -S . -B $(1) --no-warn-unused-cli \
-  -DCMAKE_C_COMPILER=$(2) -DCMAKE_CXX_COMPILER=$(3) $(4)
-$(CMAKE) --build $(1) --parallel $(JOBS)
-endef
+# $(call configure,DIR,CC,CXX,CMAKE ARGS): configure and build DIR quietly.
+configure = CMAKE='$(CMAKE)' JOBS='$(JOBS)' VERBOSE='$(V)' \
+  sh tools/build.sh $(1) $(2) $(3) $(4)
 CTEST_RUN = $(CTEST) --output-on-failure --timeout $(CTEST_TIMEOUT) $(CTEST_ARGS)
+
+# The parts of the build each target needs (CMakeLists.txt).
+LIB_PARTS := -DWEFT_BUILD_TESTS=OFF -DWEFT_BUILD_EXAMPLES=ON \
+             -DWEFT_BUILD_BENCH=OFF
+TEST_PARTS := -DWEFT_BUILD_TESTS=ON -DWEFT_BUILD_EXAMPLES=ON \
+              -DWEFT_BUILD_BENCH=OFF
+BENCH_PARTS := -DWEFT_BUILD_TESTS=OFF -DWEFT_BUILD_EXAMPLES=ON \
+               -DWEFT_BUILD_BENCH=ON
 
 RELEASE_ARGS := -DCMAKE_BUILD_TYPE=Release -DWEFT_SANITIZE= -DWEFT_TEST_SCALE=1
 ASAN_ARGS := -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=address \
@@ -58,8 +80,8 @@ ASAN_ARGS := -DCMAKE_BUILD_TYPE=Debug -DWEFT_SANITIZE=address \
 TSAN_ARGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread \
              -DWEFT_TEST_SCALE=16
 
-.PHONY: all deps build demo test test-release test-asan test-tsan bench \
-        bench-net format format-check install clean
+.PHONY: all deps build build-bench demo test test-release test-asan \
+        test-tsan bench bench-net format format-check install clean
 
 all: build
 
@@ -67,42 +89,51 @@ deps:
 	@sh tools/deps.sh
 
 build: deps
-	$(call configure,build,gcc,g++,$(RELEASE_ARGS))
+	@$(call configure,build,gcc,g++,$(RELEASE_ARGS) $(LIB_PARTS))
 
-demo: build
+# The benchmarks and peers (make demo, bench, bench-net); deps.sh runs first.
+build-bench:
+	@$(call configure,build,gcc,g++,$(RELEASE_ARGS) $(BENCH_PARTS))
+
+demo:
+	@sh tools/deps.sh demo
+	@$(MAKE) build-bench
 	./build/examples/seed_strand
 
-test: deps test-release test-asan test-tsan
+test: test-release test-asan test-tsan
 	@echo "==== weft: all three test configurations passed ===="
 
-test-release: deps
+test-release:
+	@sh tools/deps.sh test
 	@echo "==== weft test [1/3]: build/ gcc Release, WEFT_TEST_SCALE=1 ===="
-	$(call configure,build,gcc,g++,$(RELEASE_ARGS))
+	@$(call configure,build,gcc,g++,$(RELEASE_ARGS) $(TEST_PARTS))
 	cd build && $(CTEST_RUN)
 
 # clang if present (then gcc and clang both build weft with -Werror).
-test-asan: deps
+test-asan:
+	@sh tools/deps.sh test
 	@cc=gcc; cxx=g++; \
 	if command -v clang >/dev/null && command -v clang++ >/dev/null; then \
 	  cc=clang; cxx=clang++; fi; \
 	echo "==== weft test [2/3]: build-asan/ $$cc Debug ASan+UBSan," \
 	  "WEFT_TEST_SCALE=8 ===="; \
-	set -x; \
-	$(CMAKE) -S . -B build-asan --no-warn-unused-cli \
-	  -DCMAKE_C_COMPILER=$$cc -DCMAKE_CXX_COMPILER=$$cxx $(ASAN_ARGS); \
-	$(CMAKE) --build build-asan --parallel $(JOBS); \
+	$(call configure,build-asan,$$cc,$$cxx,$(ASAN_ARGS) $(TEST_PARTS)); \
+	echo "+ cd build-asan && ctest"; \
 	cd build-asan && ASAN_OPTIONS=$(WEFT_ASAN_OPTIONS) \
 	  UBSAN_OPTIONS=$(WEFT_UBSAN_OPTIONS) \
 	  ../tools/san-exec.sh address $$cc $(CTEST_RUN)
 
-test-tsan: deps
+test-tsan:
+	@sh tools/deps.sh test
 	@echo "==== weft test [3/3]: build-tsan/ gcc RelWithDebInfo TSan," \
 	  "WEFT_TEST_SCALE=16 ===="
-	$(call configure,build-tsan,gcc,g++,$(TSAN_ARGS))
+	@$(call configure,build-tsan,gcc,g++,$(TSAN_ARGS) $(TEST_PARTS))
 	cd build-tsan && TSAN_OPTIONS=$(WEFT_TSAN_OPTIONS) \
 	  ../tools/san-exec.sh thread gcc $(CTEST_RUN)
 
-bench: build
+bench:
+	@sh tools/deps.sh bench
+	@$(MAKE) build-bench
 	@skip_pats='$(BENCH_SKIP)'; fail=0; ran=0; \
 	for b in build/bench/*; do \
 	  [ -f "$$b" ] && [ -x "$$b" ] || continue; \
@@ -121,7 +152,7 @@ bench: build
 
 bench-net:
 	@sh tools/deps.sh bench
-	$(call configure,build,gcc,g++,$(RELEASE_ARGS))
+	@$(MAKE) build-bench
 	./bench/net --build build $(BENCH_NET_ARGS)
 
 format:

@@ -1,27 +1,36 @@
 #!/bin/sh
-# deps.sh: makes sure the Debian packages the weft build needs are installed.
-# `sh tools/deps.sh bench` also covers the network benchmark's (bench/net):
-# wrk, nginx and haproxy.
-# Silent when nothing is missing. As root it installs what is missing;
+# deps.sh [LEVEL]: makes sure the Debian packages that a part of the weft
+# build needs are installed. Levels, each with what it adds:
+#   (none) or lib  the library: pkg-config, liburing-dev (plus a C compiler,
+#                  make and cmake, which are not checked here)
+#   test           the test suite (make test): cmocka; clang and its
+#                  sanitizer runtimes for the ASan+UBSan build
+#   demo           make demo: g++ and Asio for the peer programs it compares
+#                  weft with
+#   bench          everything: the above, libuv (peer), and what bench/net
+#                  drives: wrk, nginx, haproxy
+# Silent when nothing is missing. As root it installs what is missing (the
+# apt-get output goes to a log file, shown if the install fails);
 # otherwise it prints the command to run and fails.
 set -eu
 
-# pkg-config, liburing, cmocka (tests), Asio and g++ (Asio peer benchmarks),
-# clang (sanitizer build), libuv (peer benchmark). libclang-rt-dev holds
-# clang's sanitizer runtimes: clang only recommends it, and recommendations
-# are not installed below.
-PKGS="pkg-config liburing-dev libcmocka-dev libasio-dev g++ clang
-  libclang-rt-dev libuv1-dev"
+LIB_PKGS="pkg-config liburing-dev"
+# libclang-rt-dev holds clang's sanitizer runtimes: clang only recommends
+# it, and recommendations are not installed below.
+TEST_PKGS="libcmocka-dev clang libclang-rt-dev"
+DEMO_PKGS="g++ libasio-dev"
 # bench/net: the load generator and two peer servers. bench/net runs its own
 # nginx and haproxy on free loopback ports with configs in a temporary
 # directory; the system services these packages bring are not wanted.
-BENCH_PKGS="wrk nginx haproxy"
+BENCH_PKGS="libuv1-dev wrk nginx haproxy"
 
-case "${1-}" in
-"") ;;
-bench) PKGS="$PKGS $BENCH_PKGS" ;;
+case "${1-lib}" in
+"" | lib) PKGS=$LIB_PKGS ;;
+test) PKGS="$LIB_PKGS $TEST_PKGS" ;;
+demo) PKGS="$LIB_PKGS $DEMO_PKGS" ;;
+bench) PKGS="$LIB_PKGS $TEST_PKGS $DEMO_PKGS $BENCH_PKGS" ;;
 *)
-  echo "usage: sh tools/deps.sh [bench]" >&2
+  echo "usage: sh tools/deps.sh [lib|test|demo|bench]" >&2
   exit 2
   ;;
 esac
@@ -75,9 +84,16 @@ if [ -n "$services" ] && [ ! -e /usr/sbin/policy-rc.d ]; then
   chmod 755 "$policy"
 fi
 
-apt-get update
+log=$(mktemp "${TMPDIR:-/tmp}/weft-deps.XXXXXX")
 # shellcheck disable=SC2086 # one argument per package
-DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing
+if ! { apt-get update &&
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+    $missing; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "weft: installing $missing failed (log: $log)" >&2
+  exit 1
+fi
+echo "weft: installed $missing (log: $log)" >&2
 
 if [ -n "$policy" ]; then
   rm -f "$policy"
