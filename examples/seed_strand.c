@@ -1,6 +1,8 @@
 /*
- * seed_strand - the Boost.Asio strand test case that started weft
- * (shared/context/asio-strand-head-of-line-blocking.txt), ported to weft.
+ * seed_strand - the Boost.Asio strand test case that started weft (the
+ * question "boost::asio reasoning behind num_implementations for
+ * io_service::strand": a sleeping handler stalls unrelated strands), ported
+ * to weft.
  *
  * W chains of work run on N threads: every handler counts itself, creates a
  * new Work with a new strand and posts its successor there. With
