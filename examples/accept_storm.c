@@ -65,6 +65,15 @@ static void usage(void) {
   exit(2);
 }
 
+/* The number s, if it is one within [lo, hi]; otherwise the usage. */
+static double number(const char *s, double lo, double hi) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= lo && v <= hi))
+    usage();
+  return v;
+}
+
 int main(int argc, char **argv) {
   unsigned threads = 0, clients = 4;
   double seconds = 2;
@@ -72,17 +81,14 @@ int main(int argc, char **argv) {
     if (i + 1 == argc)
       usage();
     if (!strcmp(argv[i], "--threads"))
-      threads = (unsigned)atoi(argv[i + 1]);
+      threads = (unsigned)number(argv[i + 1], 0, WEFT_MAX_WORKERS);
     else if (!strcmp(argv[i], "--clients"))
-      clients = (unsigned)atoi(argv[i + 1]);
+      clients = (unsigned)number(argv[i + 1], 1, MAX_CLIENTS);
     else if (!strcmp(argv[i], "--seconds"))
-      seconds = atof(argv[i + 1]);
+      seconds = number(argv[i + 1], 0.01, 60);
     else
       usage();
   }
-  if (threads > WEFT_MAX_WORKERS || clients < 1 || clients > MAX_CLIENTS ||
-      !(seconds > 0 && seconds <= 60))
-    usage();
 
   weft_config cfg;
   weft_config_init(&cfg);

@@ -116,6 +116,15 @@ static void usage(void) {
   exit(2);
 }
 
+/* The number s, if it is one within [lo, hi]; otherwise the usage. */
+static double number(const char *s, double lo, double hi) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= lo && v <= hi))
+    usage();
+  return v;
+}
+
 int main(int argc, char **argv) {
   unsigned threads = 0, period_ms = 10;
   double seconds = 2;
@@ -123,17 +132,14 @@ int main(int argc, char **argv) {
     if (i + 1 == argc)
       usage();
     if (!strcmp(argv[i], "--threads"))
-      threads = (unsigned)atoi(argv[i + 1]);
+      threads = (unsigned)number(argv[i + 1], 0, WEFT_MAX_WORKERS);
     else if (!strcmp(argv[i], "--seconds"))
-      seconds = atof(argv[i + 1]);
+      seconds = number(argv[i + 1], 0.01, 60);
     else if (!strcmp(argv[i], "--period-ms"))
-      period_ms = (unsigned)atoi(argv[i + 1]);
+      period_ms = (unsigned)number(argv[i + 1], 1, 1000);
     else
       usage();
   }
-  if (threads > WEFT_MAX_WORKERS || !(seconds > 0 && seconds <= 60) ||
-      period_ms < 1 || period_ms > 1000)
-    usage();
 
   weft_config cfg;
   weft_config_init(&cfg);

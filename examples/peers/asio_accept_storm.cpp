@@ -13,6 +13,7 @@
 #include <asio.hpp>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,6 +46,15 @@ void usage() {
   std::exit(2);
 }
 
+// The number s, if it is one within [lo, hi]; otherwise the usage.
+double number(const char *s, double lo, double hi) {
+  char *end;
+  const double v = std::strtod(s, &end);
+  if (end == s || *end || !(v >= lo && v <= hi))
+    usage();
+  return v;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -54,19 +64,16 @@ int main(int argc, char **argv) {
     if (i + 1 == argc)
       usage();
     if (!std::strcmp(argv[i], "--threads"))
-      threads = static_cast<unsigned>(std::atoi(argv[i + 1]));
+      threads = static_cast<unsigned>(number(argv[i + 1], 0, 1024));
     else if (!std::strcmp(argv[i], "--clients"))
-      clients = static_cast<unsigned>(std::atoi(argv[i + 1]));
+      clients = static_cast<unsigned>(number(argv[i + 1], 1, max_clients));
     else if (!std::strcmp(argv[i], "--seconds"))
-      seconds = std::atof(argv[i + 1]);
+      seconds = number(argv[i + 1], 0.01, 60);
     else
       usage();
   }
   if (!threads)
     threads = cpus_allowed();
-  if (threads > 1024 || clients < 1 || clients > max_clients ||
-      !(seconds > 0 && seconds <= 60))
-    usage();
 
   try {
     asio::io_context ioc(static_cast<int>(threads));

@@ -20,10 +20,13 @@
 
 #include <asio.hpp>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <pthread.h>
 #include <sched.h>
@@ -91,6 +94,15 @@ void usage() {
   std::exit(2);
 }
 
+// The number s, if it is one within [lo, hi]; otherwise the usage.
+double number(const char *s, double lo, double hi) {
+  char *end;
+  const double v = std::strtod(s, &end);
+  if (end == s || *end || !(v >= lo && v <= hi))
+    usage();
+  return v;
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -100,19 +112,16 @@ int main(int argc, char **argv) {
     if (i + 1 == argc)
       usage();
     if (!std::strcmp(argv[i], "--threads"))
-      threads = static_cast<unsigned>(std::atoi(argv[i + 1]));
+      threads = static_cast<unsigned>(number(argv[i + 1], 0, 1024));
     else if (!std::strcmp(argv[i], "--seconds"))
-      seconds = std::atof(argv[i + 1]);
+      seconds = number(argv[i + 1], 0.01, 60);
     else if (!std::strcmp(argv[i], "--period-ms"))
-      period_ms = static_cast<unsigned>(std::atoi(argv[i + 1]));
+      period_ms = static_cast<unsigned>(number(argv[i + 1], 1, 1000));
     else
       usage();
   }
   if (!threads)
     threads = cpus_allowed();
-  if (threads > 1024 || !(seconds > 0 && seconds <= 60) || period_ms < 1 ||
-      period_ms > 1000)
-    usage();
 
   try {
     asio::io_context ioc(static_cast<int>(threads));
