@@ -35,18 +35,23 @@ log=$build/demo.log
 failed=0
 no_asio="not built: sh tools/deps.sh demo"
 
-# run NAME CMD...: CMD's stdout (a JSON line last) into $out; its stderr
-# into the log. On failure: a line for the case, the log, and $out empty.
+# run NAME CMD...: CMD's stdout (a JSON line last) into $out, its stderr
+# appended to the log. On failure: a line for the case with CMD's errors,
+# and $out empty.
+err=$build/demo.err
 run() {
   name=$1
   shift
   echo "== $name: $*" >>"$log"
-  if out=$("$@" 2>>"$log"); then
+  status=0
+  out=$("$@" 2>"$err") || status=$?
+  cat "$err" >>"$log"
+  if [ "$status" = 0 ]; then
     out=$(printf '%s\n' "$out" | tail -n 1)
     return 0
   fi
-  echo "$name: FAILED ($* exited with status $?); its errors:"
-  sed 's/^/  /' "$log"
+  echo "$name: FAILED: $* exited with status $status; its errors:"
+  sed 's/^/  /' "$err"
   failed=1
   out=""
   return 1
@@ -70,7 +75,7 @@ peer_run() {
 }
 
 # The columns of every line; awk prints the rows with the same format.
-fmt='%-26s %-40s %-44s %s\n'
+fmt='%-27s %-40s %-44s %s\n'
 echo "weft demo: the failures weft exists to avoid, measured now on this" \
   "machine ($cpus CPUs, Linux $(uname -r))."
 echo "Each case runs the same work on weft and on Asio, one line each:"
@@ -79,9 +84,10 @@ printf "$fmt" "case" "weft" "Asio, the same work" "=> what it shows"
 
 # ---- 1. a sleeping handler, Asio's legacy strands ----------------------
 # 8 threads run 8 chains of handlers, every handler on a new strand; one
-# more strand has a handler that sleeps through the run.
-if run "[1 sleeper]" "$build/examples/seed_strand" --threads 8 --seconds 1 \
-  --blocking 1; then
+# more strand has a handler that sleeps through the run. weft's figures are
+# medians of 3 runs each way (single runs swing on a small machine).
+if run "1. one handler asleep" "$build/examples/seed_strand" --threads 8 \
+  --seconds 1 --rounds 3 --blocking 1; then
   awk -v fmt="$fmt" -v w="$(val "$out" handlers_per_sec)" \
     -v wr="$(val "$out" blocked_ratio)" \
     -v lr="$(val "$out" asio_legacy_blocked_ratio)" \
@@ -110,10 +116,11 @@ fi
 # ticks and a client thread does echo round trips.
 bw="--threads $cpus --seconds 2 --period-ms 10"
 # shellcheck disable=SC2086 # the options are words
-if run "[2 all asleep]" "$build/examples/blocked_workers" $bw; then
+if run "2. all workers asleep" "$build/examples/blocked_workers" $bw; then
   w=$out
   # shellcheck disable=SC2086
-  peer_run "[2 all asleep]" "$build/examples/peers/asio_blocked_workers" $bw
+  peer_run "2. all workers asleep" \
+    "$build/examples/peers/asio_blocked_workers" $bw
   awk -v fmt="$fmt" -v n="$(val "$w" threads)" -v s="$(val "$w" seconds)" \
     -v p="$(val "$w" period_ms)" -v due="$(val "$w" ticks_due)" \
     -v wt="$(val "$w" ticks)" -v wg="$(val "$w" longest_gap_ms)" \
@@ -140,7 +147,7 @@ if run "[2 all asleep]" "$build/examples/blocked_workers" $bw; then
 fi
 
 # ---- 3. the first timer of a fresh process ------------------------------
-if run "[3 first timer]" "$build/bench/first_timer" --runs 10 --ms 5; then
+if run "3. first timer" "$build/bench/first_timer" --runs 10 --ms 5; then
   awk -v fmt="$fmt" -v wm="$(val "$out" late_median_us)" \
     -v wx="$(val "$out" late_max_us)" -v fm="$(val "$out" floor_median_us)" \
     -v am="$(val "$out" asio_late_median_us)" \
@@ -165,7 +172,7 @@ fi
 # A runtime's whole life: its threads started, one handler, shutdown. weft
 # with every thread started at create (as Asio's are); the CPU it takes
 # against bare threads' shows whether anybody spins.
-if run "[4 64 threads]" "$build/bench/startup" --threads 64 --repeat 10 \
+if run "4. 64 threads" "$build/bench/startup" --threads 64 --repeat 10 \
   --rounds 3; then
   awk -v fmt="$fmt" -v cpus="$cpus" -v wm="$(val "$out" eager_ms_per_cycle)" \
     -v wc="$(val "$out" eager_cpu_ms_per_cycle)" \
@@ -190,10 +197,10 @@ fi
 # Client threads connect, read the reply to EOF and close, over and over.
 st="--threads $cpus --clients 4 --seconds 2"
 # shellcheck disable=SC2086
-if run "[5 accept storm]" "$build/examples/accept_storm" $st; then
+if run "5. storm" "$build/examples/accept_storm" $st; then
   w=$out
   # shellcheck disable=SC2086
-  peer_run "[5 accept storm]" "$build/examples/peers/asio_accept_storm" $st
+  peer_run "5. storm" "$build/examples/peers/asio_accept_storm" $st
   awk -v fmt="$fmt" -v k="$(val "$w" clients)" \
     -v wr="$(val "$w" conns_per_sec)" -v wok="$(val "$w" answered)" \
     -v wf="$(val "$w" failed)" -v wa="$(val "$w" server_accepted)" \
@@ -214,4 +221,5 @@ if run "[5 accept storm]" "$build/examples/accept_storm" $st; then
   }'
 fi
 
+rm -f "$err"
 exit $failed
