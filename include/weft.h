@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define WEFT_VERSION_MAJOR 0
-#define WEFT_VERSION_MINOR 1
+#define WEFT_VERSION_MINOR 2
 #define WEFT_VERSION_PATCH 0
 #define WEFT_VERSION_HEX                                                       \
   ((WEFT_VERSION_MAJOR << 16) | (WEFT_VERSION_MINOR << 8) | WEFT_VERSION_PATCH)
@@ -170,7 +170,10 @@ typedef struct weft_config {
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
-WEFT_API void weft_config_init(weft_config *cfg);
+WEFT_API void weft_config_init_sized(weft_config *cfg, size_t size);
+static inline void weft_config_init(weft_config *cfg) {
+  weft_config_init_sized(cfg, sizeof(*cfg));
+}
 
 /* Creates a runtime and starts its threads (eager_workers of them) and its
  * monitor. cfg may be NULL for defaults.
@@ -179,13 +182,26 @@ WEFT_API void weft_config_init(weft_config *cfg);
  * threads of shards beyond eager_workers start when first needed (see
  * weft_config.eager_workers). And for sockets, the kind of backend is
  * decided here (a probe ring, once per process), but the shards' backends
- * are set up by the first weft_tcp_listen or weft_tcp_connect (about
- * 40 us per shard).
+ * are set up by the first weft_tcp_listen or weft_tcp_connect (tens of
+ * microseconds per shard).
  * Errors: -EINVAL (rt NULL, a field out of range, unknown flags, a bad
- * WEFT_BACKEND), -ENOMEM, -EAGAIN (a thread could not be started), or the
- * error setting up a forced backend (e.g. -EPERM, -ENOSYS for io_uring).
- * Any thread. */
-WEFT_API int weft_rt_create(weft_rt **rt, const weft_config *cfg);
+ * WEFT_BACKEND), -E2BIG (cfg comes from a newer weft.h and sets a field
+ * this library does not know), -ENOMEM, -EAGAIN (a thread could not be
+ * started), or the error setting up a forced backend (e.g. -EPERM,
+ * -ENOSYS for io_uring). Any thread.
+ *
+ * Structs across versions: weft_rt_create, weft_config_init and the
+ * statistics calls are inline wrappers that pass the size of the struct
+ * the caller was compiled with to a _sized entry point, so a program built
+ * against an older weft.h keeps working with a newer library: fields its
+ * struct lacks take their defaults (configuration) or are not written
+ * (statistics). New fields are only ever appended. Callers from other
+ * languages call the _sized functions with the size of their struct. */
+WEFT_API int weft_rt_create_sized(weft_rt **rt, const weft_config *cfg,
+                                  size_t cfg_size);
+static inline int weft_rt_create(weft_rt **rt, const weft_config *cfg) {
+  return weft_rt_create_sized(rt, cfg, sizeof(weft_config));
+}
 
 /* Shutdown modes. DRAIN: run every handler already accepted. CANCEL: run
  * the cancel function of every handler not yet started instead. NOWAIT, a
@@ -560,6 +576,9 @@ typedef struct weft_shard_stats {
   uint64_t handoffs;           /* times this shard moved to another thread */
   uint64_t io_events;          /* backend completions or readiness events */
   uint64_t io_enters;          /* io_uring_enter or epoll_wait calls */
+  /* Room for counters added later without moving the fields of weft_stats
+   * after its `total`; reads as 0. */
+  uint64_t reserved[8];
 } weft_shard_stats;
 
 typedef struct weft_stats {
@@ -582,19 +601,27 @@ typedef struct weft_stats {
    * so read into the reader's own buffer instead. */
   uint64_t recv_nobufs;
   /* Starts of a shard's thread that failed after weft_rt_create
-   * (weft_config.eager_workers). Last, so the fields above keep their
-   * offsets. */
+   * (weft_config.eager_workers). */
   uint64_t thread_start_errors;
+  /* New fields are appended here. */
 } weft_stats;
 
 /* Counters of the runtime, summed over its shards. They are read without
  * stopping anything: each counter is exact, the set is not a snapshot.
- * Errors: -EINVAL. Any thread. */
-WEFT_API int weft_rt_stats(weft_rt *rt, weft_stats *out);
+ * Writes exactly size bytes (weft_rt_create says why). Errors: -EINVAL.
+ * Any thread. */
+WEFT_API int weft_rt_stats_sized(weft_rt *rt, weft_stats *out, size_t size);
+static inline int weft_rt_stats(weft_rt *rt, weft_stats *out) {
+  return weft_rt_stats_sized(rt, out, sizeof(*out));
+}
 
 /* Counters of one shard. Errors: -EINVAL, -ERANGE (shard >= shards). */
-WEFT_API int weft_rt_shard_stats(weft_rt *rt, unsigned shard,
-                                 weft_shard_stats *out);
+WEFT_API int weft_rt_shard_stats_sized(weft_rt *rt, unsigned shard,
+                                       weft_shard_stats *out, size_t size);
+static inline int weft_rt_shard_stats(weft_rt *rt, unsigned shard,
+                                      weft_shard_stats *out) {
+  return weft_rt_shard_stats_sized(rt, shard, out, sizeof(*out));
+}
 
 #ifdef __cplusplus
 }

@@ -11,13 +11,18 @@
  * without it).
  *
  * done is delivered as an ordinary handler (on done_strand, or on any
- * worker), queued before the job stops counting in rt->blocking_inflight,
- * so a shutdown cannot finish between the two.
+ * worker), queued before the job stops counting as busy work outside the
+ * run loop (rt.c), so a shutdown cannot finish between the two.
  */
-#include "internal.h"
+#include "blocking.h"
+
+#include "clock.h"
+#include "rt.h"
+#include "shard.h"
+#include "strand.h"
+#include "thread.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -108,23 +113,15 @@ static void done_handler(void *arg) {
 static void deliver(weft_rt *rt, struct job *j) {
   struct weft__shard *local = weft__local_begin(rt);
   struct weft__node *n;
-  while (!(n = weft__pool_alloc(&rt->node_pool,
-                                local ? &local->node_cache : NULL))) {
-    struct timespec ts = {0, 1000000}; /* out of memory: retry, not lose */
+  /* A finished job reports its result even at a CANCEL shutdown: done is
+   * its own cancel function. Out of memory: retry, never lose it. */
+  while (!(n = weft__node_new(rt, local, done_handler, done_handler, j))) {
+    struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  n->fn = done_handler;
-  n->cancel = done_handler; /* a finished job reports its result anyway */
-  n->embedded = 0;
-  n->arg = j;
-  if (j->strand)
-    weft__strand_push(j->strand, local, n, false);
-  else
-    weft__schedule(rt, local, (weft__item)n | WEFT_ITEM_NODE);
+  weft__node_post(rt, local, j->strand, n, false);
   weft__local_end(local);
-  weft__fetch_sub(&rt->blocking_inflight, 1, WA_SC);
-  if (weft__load(&rt->closing, WA_SC))
-    weft__poke(rt); /* the last parker may have counted this job */
+  weft__busy_drop(rt, 1);
 }
 
 static void unlink_job(struct weft__blocking *b, struct job *j) {
@@ -198,12 +195,7 @@ static void maybe_spawn(weft_rt *rt, struct weft__blocking *b) {
     pthread_join(slot->tid, NULL);
   a->rt = rt;
   a->self = slot;
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
-  int err = pthread_create(&slot->tid, NULL, pool_loop, a);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  if (err) {
+  if (weft__spawn(&slot->tid, NULL, pool_loop, a)) {
     slot->state = WEFT_TH_FREE;
     free(a);
     return;
@@ -219,15 +211,15 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
   if (done_strand && done_strand->rt != rt)
     return -EXDEV;
   struct weft__blocking *b = rt->blocking;
-  /* Counted as a post in flight while the job is accepted, so a shutdown
-   * either refuses it or counts it (see weft__foreign_enter). */
-  int r = weft__foreign_enter(rt);
+  /* Busy while the job is accepted, so a shutdown either refuses it or
+   * counts it (rt.c). */
+  int r = weft__busy_enter(rt);
   if (r)
     return r;
   pthread_mutex_lock(&b->lock);
   if (b->queued >= b->queue_max || !b->free) {
     pthread_mutex_unlock(&b->lock);
-    weft__foreign_exit(rt);
+    weft__busy_drop(rt, 1);
     return -EAGAIN;
   }
   struct job *j = b->free;
@@ -247,14 +239,14 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
     b->head = j;
   b->tail = j;
   b->queued++;
-  weft__fetch_add(&rt->blocking_inflight, 1, WA_SC);
+  weft__busy_add(rt, 1); /* dropped by deliver */
   if (job)
     *job = j->id;
   if (b->idle)
     pthread_cond_signal(&b->cond);
   maybe_spawn(rt, b);
   pthread_mutex_unlock(&b->lock);
-  weft__foreign_exit(rt);
+  weft__busy_drop(rt, 1);
   return 0;
 }
 
@@ -279,7 +271,7 @@ int weft_blocking_cancel(weft_rt *rt, weft_job id) {
 
 void weft__blocking_shutdown(weft_rt *rt) {
   struct weft__blocking *b = rt->blocking;
-  bool cancel = weft__load(&rt->cancelling, WA_ACQ);
+  bool cancel = weft__load(&rt->life.cancelling, WA_ACQ);
   for (;;) {
     pthread_mutex_lock(&b->lock);
     b->stopping = true;

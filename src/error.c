@@ -1,7 +1,7 @@
 /*
  * error.c - error names and the library version. Owns nothing.
  */
-#include "internal.h"
+#include "core.h"
 
 #include <limits.h>
 #include <string.h>

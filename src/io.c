@@ -1,7 +1,8 @@
 /*
  * io.c - the I/O backend of each shard: choosing it, setting it up, polling
- * it from the run loop, sleeping in it and waking a thread out of it. Owns
- * rt->ios (one struct weft__io per shard). The two backends live in
+ * it from the run loop, sleeping in it and waking a thread out of it, and
+ * the verbs (io.h), which it hands to the backend in use. Owns
+ * rt->io.ios (one struct weft__io per shard). The two backends live in
  * io_uring.c and io_epoll.c.
  *
  * Choice: weft_rt_create decides the kind. WEFT_BACKEND_AUTO takes io_uring
@@ -30,16 +31,22 @@
  * counter stays set until read, so a wait that starts after the write
  * returns at once.
  */
-#include "internal.h"
+#include "io.h"
+
+#include "io_bufring.h"
+#include "io_epoll.h"
+#include "io_uring.h"
+#include "park.h"
+#include "thread.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
-const char *weft__backend_name(int kind) {
+static const char *backend_name(int kind) {
   switch (kind) {
   case WEFT_BACKEND_URING:
     return "uring";
@@ -99,7 +106,7 @@ static int io_setup(struct weft__io *io, struct weft__shard *sh, int kind,
 
 /* seq_cst: against the sleeper's load in park.c (weft__io_ensure). */
 static void publish(weft_rt *rt, unsigned i) {
-  weft__store(&rt->shards[i].io, &rt->ios[i], WA_SC);
+  weft__store(&rt->shards[i].io, &rt->io.ios[i], WA_SC);
 }
 
 /* Rings are set up by a short-lived thread of ours, never by the caller.
@@ -132,23 +139,19 @@ static void *setup_main(void *arg) {
   unsigned i = 0;
   int r = 0;
   for (; i < rt->nshards && !r; i++)
-    r = io_setup(&rt->ios[i], &rt->shards[i], rt->backend, false);
+    r = io_setup(&rt->io.ios[i], &rt->shards[i], rt->io.backend, false);
   if (r)
     while (--i > 0)
-      io_teardown(&rt->ios[i - 1]);
+      io_teardown(&rt->io.ios[i - 1]);
   j->r = r;
   return NULL;
 }
 
 static int run_setup(struct setup_job *j) {
   /* Like the runtime's threads, it takes none of the application's
-   * asynchronous signals (rt.c, start_threads). */
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
+   * asynchronous signals. */
   pthread_t t;
-  int e = pthread_create(&t, NULL, setup_main, j);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  int e = weft__spawn(&t, NULL, setup_main, j);
   if (e)
     return -e;
   pthread_join(t, NULL);
@@ -172,7 +175,7 @@ static int probe_uring(struct weft__shard *sh) {
 }
 
 int weft__io_init(weft_rt *rt, int backend) {
-  rt->backend = WEFT_BACKEND_NONE;
+  rt->io.backend = WEFT_BACKEND_NONE;
   if (backend == WEFT_BACKEND_AUTO)
     backend = env_backend();
   if (backend < 0)
@@ -192,37 +195,38 @@ int weft__io_init(weft_rt *rt, int backend) {
   }
   if (r)
     return r;
-  rt->ios = calloc(rt->nshards, sizeof(*rt->ios));
-  if (!rt->ios)
+  rt->io.ios = calloc(rt->nshards, sizeof(*rt->io.ios));
+  if (!rt->io.ios)
     return -ENOMEM;
-  rt->backend = backend;
+  rt->io.backend = backend;
   /* WEFT_URING_ACCEPT=poll keeps listeners on poll and accept4(2) where
    * the kernel has ring accepts that never wait (listen.c): the older
    * kernels' path, for tests. */
   const char *e = getenv("WEFT_URING_ACCEPT");
-  rt->ring_accept = backend == WEFT_BACKEND_URING &&
-                    weft__uring_accept_nowait() && !(e && !strcmp(e, "poll"));
+  rt->io.ring_accept = backend == WEFT_BACKEND_URING &&
+                       weft__uring_accept_nowait() &&
+                       !(e && !strcmp(e, "poll"));
   return 0;
 }
 
 int weft__io_ensure(weft_rt *rt) {
-  if (rt->backend == WEFT_BACKEND_NONE)
+  if (rt->io.backend == WEFT_BACKEND_NONE)
     return -ENOTSUP;
-  if (weft__load(&rt->io_all, WA_ACQ))
+  if (weft__load(&rt->io.all, WA_ACQ))
     return weft__start_dormant_all(rt);
   int r = 0;
-  pthread_mutex_lock(&rt->io_lock);
-  if (!weft__load(&rt->io_all, WA_RLX)) {
+  pthread_mutex_lock(&rt->io.lock);
+  if (!weft__load(&rt->io.all, WA_RLX)) {
     struct setup_job j = {.rt = rt};
-    r = rt->backend == WEFT_BACKEND_URING ? run_setup(&j)
-                                          : (setup_main(&j), j.r);
+    r = rt->io.backend == WEFT_BACKEND_URING ? run_setup(&j)
+                                             : (setup_main(&j), j.r);
     if (!r) {
       for (unsigned i = 0; i < rt->nshards; i++)
         publish(rt, i);
-      weft__store(&rt->io_all, 1, WA_REL);
+      weft__store(&rt->io.all, 1, WA_REL);
     }
   }
-  pthread_mutex_unlock(&rt->io_lock);
+  pthread_mutex_unlock(&rt->io.lock);
   if (r)
     return r;
   /* Dormant threads start now (they will sleep in their backend), and
@@ -235,12 +239,12 @@ int weft__io_ensure(weft_rt *rt) {
 }
 
 void weft__io_destroy(weft_rt *rt) {
-  if (!rt->ios)
+  if (!rt->io.ios)
     return;
   for (unsigned i = 0; i < rt->nshards; i++)
-    io_teardown(&rt->ios[i]);
-  free(rt->ios);
-  rt->ios = NULL;
+    io_teardown(&rt->io.ios[i]);
+  free(rt->io.ios);
+  rt->io.ios = NULL;
 }
 
 void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
@@ -277,7 +281,7 @@ bool weft__io_wait(struct weft__thread *t, struct weft__io *io,
   else
     events = weft__epoll_wait(io, deadline, true);
   weft__store(&t->io_sleep, NULL, WA_SC);
-  weft__stat_add(&io->sh->st_io_enters, 1);
+  weft__stat_add(&io->sh->st.io_enters, 1);
   return events;
 }
 
@@ -290,4 +294,98 @@ bool weft__io_wake_thread(struct weft__thread *t) {
   while (write(io->efd, &one, sizeof(one)) < 0 && errno == EINTR) {
   }
   return true;
+}
+
+void weft__io_stats(weft_rt *rt, weft_stats *out) {
+  if (!rt->io.ios || !weft__load(&rt->io.all, WA_ACQ))
+    return;
+  for (unsigned i = 0; i < rt->nshards; i++) {
+    struct weft__io *io = &rt->io.ios[i];
+    uint64_t o = weft__load(&io->st_rbuf_out, WA_RLX);
+    uint64_t in = weft__load(&io->st_rbuf_in, WA_RLX) +
+                  weft__load(&io->st_rbuf_ret, WA_RLX);
+    out->recv_bufs_held += o > in ? o - in : 0;
+  }
+}
+
+int weft_rt_backend(const weft_rt *rt) { return rt ? rt->io.backend : -EINVAL; }
+
+const char *weft_rt_backend_name(const weft_rt *rt) {
+  return rt ? backend_name(rt->io.backend) : "none";
+}
+
+/* ---- the verbs ------------------------------------------------------------
+ * Each hands the operation to the backend of the caller's shard; the
+ * completion verbs exist only on io_uring. */
+
+int weft__io_sock_flags(weft_rt *rt) {
+  return weft__io_completes(rt) ? 0 : SOCK_NONBLOCK;
+}
+
+int weft__io_watch(weft_rt *rt, struct weft__shard *home, int fd,
+                   struct weft__ioh *h, uint32_t gen, bool out) {
+  if (rt->io.backend != WEFT_BACKEND_EPOLL)
+    return 0;
+  return weft__epoll_watch(weft__load(&home->io, WA_ACQ), fd, h, gen, out);
+}
+
+void weft__io_close(weft_rt *rt, struct weft__shard *sh, int fd) {
+  struct weft__io *io = weft__io_of(sh);
+  if (io && io->kind == WEFT_BACKEND_URING && weft__uring_close(io, fd))
+    return;
+  close(fd); /* EINTR: the descriptor is gone anyway on Linux */
+  weft__busy_drop(rt, 1);
+}
+
+/* The caller's ring: NULL without a shard, or on a readiness backend. */
+static struct weft__io *ring_io(struct weft__shard *sh) {
+  struct weft__io *io = weft__io_of(sh);
+  return io && io->kind == WEFT_BACKEND_URING ? io : NULL;
+}
+
+int weft__io_recv(struct weft__shard *sh, int fd, void *buf, size_t len,
+                  bool poll_first, struct weft__ioh *h) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_recv(io, fd, buf, len, poll_first, h) : -EAGAIN;
+}
+
+int weft__io_recv_multishot(struct weft__shard *sh, int fd,
+                            struct weft__ioh *h) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_recv_multishot(io, fd, h) : -EAGAIN;
+}
+
+int weft__io_send(struct weft__shard *sh, int fd, struct msghdr *msg,
+                  struct weft__ioh *h) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_send(io, fd, msg, h) : -EAGAIN;
+}
+
+int weft__io_connect(struct weft__shard *sh, int fd,
+                     const struct sockaddr *addr, unsigned addrlen,
+                     struct weft__ioh *h) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_connect(io, fd, addr, addrlen, h) : -EAGAIN;
+}
+
+int weft__io_poll_in(struct weft__shard *sh, int fd, struct weft__ioh *h) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_poll_in(io, fd, h) : -EAGAIN;
+}
+
+int weft__io_accept(struct weft__shard *sh, int fd, int flags,
+                    struct weft__ioh *h, struct weft__io_hold *hold) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_accept(io, fd, flags, h, hold) : -EAGAIN;
+}
+
+int weft__io_cancel(struct weft__shard *sh, struct weft__ioh *h, unsigned op,
+                    bool now) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_cancel(io, (uint64_t)(uintptr_t)h | op, now)
+            : -EAGAIN;
+}
+
+void weft__io_buf_put(weft_rt *rt, struct weft__rbuf *b) {
+  weft__bufring_put(rt, b);
 }

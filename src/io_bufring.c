@@ -1,6 +1,7 @@
 /*
  * io_bufring.c - each io_uring shard's ring of provided receive buffers
- * (Linux 5.19), which the sockets' multishot receives (tcp_recv.c) fill.
+ * (Linux 5.19), which the sockets' multishot receives (tcp_recv.c) fill
+ * (io_bufring.h).
  * Owns the buffers' memory, their descriptors (struct weft__rbuf) and the
  * stack on which threads that do not hold the shard hand buffers back.
  *
@@ -25,15 +26,15 @@
  * receive into the reader's own buffer, so one socket that is not read
  * never stops the others.
  */
-#include "internal.h"
+#include "io_bufring.h"
+
+#include "thread.h"
 
 #include <errno.h>
 #include <liburing.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-#define BGID 0
 
 static void give(struct weft__io *io, struct weft__rbuf *b, int pos) {
   io_uring_buf_ring_add(io->br, b->data, WEFT_RBUF_SIZE, b->bid,
@@ -61,7 +62,7 @@ int weft__bufring_setup(struct weft__io *io) {
   memset(&reg, 0, sizeof(reg));
   reg.ring_addr = (uintptr_t)br;
   reg.ring_entries = WEFT_RBUF_COUNT;
-  reg.bgid = BGID;
+  reg.bgid = WEFT_BUFRING_GROUP;
   int r = io_uring_register_buf_ring(io->ring, &reg, 0);
   if (r) {
     free(br);
@@ -124,15 +125,4 @@ void weft__bufring_put(weft_rt *rt, struct weft__rbuf *b) {
     weft__rbuf_push(&io->rbuf_ret, b);
   }
   weft__local_end(sh);
-}
-
-void weft__io_stats(weft_rt *rt, weft_stats *out) {
-  if (!rt->ios || !weft__load(&rt->io_all, WA_ACQ))
-    return;
-  for (unsigned i = 0; i < rt->nshards; i++) {
-    uint64_t o = weft__load(&rt->ios[i].st_rbuf_out, WA_RLX);
-    uint64_t in = weft__load(&rt->ios[i].st_rbuf_in, WA_RLX) +
-                  weft__load(&rt->ios[i].st_rbuf_ret, WA_RLX);
-    out->recv_bufs_held += o > in ? o - in : 0;
-  }
 }

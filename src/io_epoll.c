@@ -1,24 +1,33 @@
 /*
  * io_epoll.c - the epoll backend: one epoll set per shard, used only by the
- * thread holding the shard. Owns the set and the events waited for but not
- * yet dispatched.
+ * thread holding the shard (io_epoll.h). Owns the set and the events waited
+ * for but not yet dispatched.
  *
- * Sockets are registered once, edge-triggered for input, output and
- * hang-ups, with a word that names the socket and its generation (tcp.c):
- * an event that arrives for a socket closed and reused since is dropped by
- * the generation check, never delivered to the new one. The shard's
- * eventfd is registered with data 0.
+ * Descriptors are registered once, edge-triggered for input, output and
+ * hang-ups, with a word that names the handle and a 16-bit generation
+ * (weft__io_watch). Only sockets register, and their readiness goes to
+ * weft__sock_ready (sock.c), which drops an event whose generation is not
+ * the socket's current one, so an event that arrives for a socket closed
+ * and reused since is never delivered to the new one. The shard's eventfd
+ * is registered with data 0.
  *
  * Waits use epoll_pwait2 (5.11, glibc 2.35) for a nanosecond timeout; the
  * events are kept in io->evdata/evbits and dispatched by the run loop after
  * the thread has left the sleepers (park.c: a parked thread queues nothing).
  */
-#include "internal.h"
+#include "io_epoll.h"
+
+#include "clock.h"
+#include "shard.h"
+#include "sock.h"
 
 #include <errno.h>
 #include <sys/epoll.h>
-#include <time.h>
 #include <unistd.h>
+
+/* The handle's address fits 48 bits (x86-64 and arm64 user space). */
+#define GEN_SHIFT 48
+#define ADDR_MASK ((UINT64_C(1) << GEN_SHIFT) - 1)
 
 int weft__epoll_setup(struct weft__io *io) {
   io->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -27,6 +36,17 @@ int weft__epoll_setup(struct weft__io *io) {
   struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 0};
   if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->efd, &ev) < 0)
     return -errno; /* io_setup closes epfd */
+  return 0;
+}
+
+int weft__epoll_watch(struct weft__io *io, int fd, struct weft__ioh *h,
+                      uint32_t gen, bool out) {
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+  if (out)
+    ev.events |= EPOLLOUT | EPOLLRDHUP;
+  ev.data.u64 = (uint64_t)(uintptr_t)h | ((uint64_t)(uint16_t)gen << GEN_SHIFT);
+  if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, fd, &ev) < 0)
+    return -errno;
   return 0;
 }
 
@@ -39,13 +59,11 @@ bool weft__epoll_wait(struct weft__io *io, uint64_t deadline, bool block) {
     tsp = NULL;
   } else if (block) {
     uint64_t now = weft__now_ns();
-    uint64_t rel = deadline > now ? deadline - now : 0;
-    ts.tv_sec = (time_t)(rel / 1000000000u);
-    ts.tv_nsec = (long)(rel % 1000000000u);
+    ts = weft__timespec(deadline > now ? deadline - now : 0);
   }
   int n = epoll_pwait2(io->epfd, evs, WEFT_IO_EVBUF, tsp, NULL);
   if (!block)
-    weft__stat_add(&io->sh->st_io_enters, 1);
+    weft__stat_add(&io->sh->st.io_enters, 1);
   unsigned k = 0;
   for (int i = 0; i < n; i++) {
     if (evs[i].data.u64 == 0) {
@@ -63,6 +81,21 @@ bool weft__epoll_wait(struct weft__io *io, uint64_t deadline, bool block) {
   return k > 0;
 }
 
+static void dispatch_one(struct weft__io *io, uint64_t data, uint32_t events) {
+  struct weft__ioh *h = (struct weft__ioh *)(uintptr_t)(data & ADDR_MASK);
+  struct weft__cqe c = {.gen = (uint32_t)(data >> GEN_SHIFT)};
+  if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+    c.events |= WEFT_IO_IN;
+  if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+    c.events |= WEFT_IO_HUP;
+  if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))
+    c.events |= WEFT_IO_OUT;
+  /* Not h->done: the handle's memory may belong to a socket made since
+   * (a stale event), which the generation check against its event word
+   * must rule out before anything else of it is read. */
+  weft__sock_ready(io->sh, weft__sock_of(h), &c);
+}
+
 void weft__epoll_dispatch(struct weft__io *io) {
   if (!io->nev)
     return;
@@ -70,8 +103,8 @@ void weft__epoll_dispatch(struct weft__io *io) {
    * never re-enter here; the index still keeps a partial pass safe. */
   while (io->evpos < io->nev) {
     unsigned i = io->evpos++;
-    weft__sock_event(io->sh, io->evdata[i], io->evbits[i]);
+    dispatch_one(io, io->evdata[i], io->evbits[i]);
   }
-  weft__stat_add(&io->sh->st_io_events, io->nev);
+  weft__stat_add(&io->sh->st.io_events, io->nev);
   io->nev = io->evpos = 0;
 }

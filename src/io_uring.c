@@ -1,20 +1,22 @@
 /*
  * io_uring.c - the io_uring backend (liburing): one ring per shard, used
- * only by the thread holding the shard. Owns the ring, its wake poll and
- * the reaping of completions.
+ * only by the thread holding the shard (io_uring.h). Owns the ring, its
+ * wake poll, the taking of entries and the reaping of completions.
  *
  * Every operation in the ring is either the wake poll (user_data 0: a
  * multishot poll of the shard's eventfd, whose counter is never read back:
- * each write posts one completion; a read request instead measured 25 us
- * per wakeup against 4 us for a futex) or a socket
- * operation whose user_data is the socket's address tagged WEFT_OP_READ,
- * WEFT_OP_WRITE or WEFT_OP_RECVM (a multishot receive, whose completions
- * name provided buffers: io_bufring.c, tcp_recv.c), or a cancel whose
- * result nobody waits for (WEFT_UD_QUIET); the socket stays alive until
- * its operation's last completion has been handed to it (tcp.c), so a
- * completion never reaches a socket that reused its memory. The reaper
- * reads nothing of the socket but its event word and, for a multishot
- * receive, its buffer stack and counters.
+ * each write posts one completion, where a read request per wakeup cost
+ * several times a futex wake), or an operation whose user_data is its
+ * handle's address tagged with its op (io.h), or a cancel or close whose
+ * result nobody waits for (WEFT_OP_QUIET, no handle). A handle's owner
+ * stays alive until its operation's last completion has been handed to it
+ * (sock.c), so a completion never reaches memory reused since. The reaper
+ * hands each completion to its handle's done, after turning a multishot
+ * receive's buffer id into its buffer (io_bufring.c).
+ *
+ * Entries: every operation takes its entry with weft__uring_sqe, which
+ * enters the ring when the SQ is full but never reaps, so no handle's done
+ * runs inside a verb; the run loop's poll reaps (weft__uring_reap).
  *
  * Completions of network requests are finished by task work of the thread
  * that submitted them (the poll wakeup queues it to that task), even after
@@ -23,21 +25,27 @@
  * interrupt a running submitter for it but lets it run at its next kernel
  * entry, or wakes it from a sleep. Without it, each completion interrupted
  * its submitter at once, whose receive then spun on the socket lock that
- * the sender's softirq still held: 80k against 128k requests/s in
- * bench/net's keep-alive run. The cost: a thread stuck spinning in a
- * handler holds the completions of what it submitted until its next tick
- * (a few ms); one stuck in an interruptible sleep is woken for them
- * (test_tcp_stall); one in uninterruptible sleep (D state) holds them until
- * it leaves it. The epoll backend has no such limit. DEFER_TASKRUN, which
- * would hold them until the submitter waits on the ring, is not used.
- * A thread that exits has its
- * requests cancelled by the kernel: tcp.c resubmits a -ECANCELED it did
- * not ask for. The CQ is 16 times the SQ; IORING_FEAT_NODROP (5.5) keeps
- * completions that overflow it in the kernel, and an enter that fails with
- * -EBUSY because of them is retried after reaping. Missing features or
- * opcodes (a probe) make setup fail, so that AUTO falls back to epoll.
+ * the sender's softirq still held, and bench/net's keep-alive rate fell by
+ * a third. The cost: a thread stuck spinning in a handler holds the
+ * completions of what it submitted until its next tick (a few ms); one
+ * stuck in an interruptible sleep is woken for them (test_tcp_stall); one
+ * in uninterruptible sleep (D state) holds them until it leaves it. The
+ * epoll backend has no such limit. DEFER_TASKRUN, which would hold them
+ * until the submitter waits on the ring, is not used. A thread that exits
+ * has its requests cancelled by the kernel: the socket code resubmits a
+ * -ECANCELED it did not ask for. The CQ is 16 times the SQ;
+ * IORING_FEAT_NODROP (5.5) keeps completions that overflow it in the
+ * kernel, and an enter that fails with -EBUSY because of them is retried
+ * after reaping. Missing features or opcodes (a probe) make setup fail, so
+ * that AUTO falls back to epoll.
  */
-#include "internal.h"
+#include "io_uring.h"
+
+#include "clock.h"
+#include "io_bufring.h"
+#include "park.h"
+#include "rt.h"
+#include "shard.h"
 
 #include <errno.h>
 #include <liburing.h>
@@ -46,7 +54,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
-#include <time.h>
 #include <unistd.h>
 
 #ifndef IORING_ACCEPT_DONTWAIT
@@ -59,7 +66,14 @@
 #define SQ_ENTRIES 64
 #define CQ_ENTRIES 1024
 
+/* user_data of what nobody waits for */
+#define UD_QUIET ((uint64_t)WEFT_OP_QUIET)
+
 static struct io_uring *ring_of(struct weft__io *io) { return io->ring; }
+
+static inline uint64_t tag(struct weft__ioh *h, unsigned op) {
+  return (uint64_t)(uintptr_t)h | op;
+}
 
 /* Set by the probe ring (once per process, as io.c caches the probe). */
 static _Atomic uint32_t accept_nowait;
@@ -68,7 +82,7 @@ bool weft__uring_accept_nowait(void) {
   return weft__load(&accept_nowait, WA_ACQ) != 0;
 }
 
-void weft__uring_prep_accept(struct io_uring_sqe *sqe, int fd, int flags) {
+static void prep_accept(struct io_uring_sqe *sqe, int fd, int flags) {
   io_uring_prep_accept(sqe, fd, NULL, NULL, flags);
   sqe->ioprio |= IORING_ACCEPT_DONTWAIT;
 }
@@ -87,7 +101,7 @@ static void probe_accept(struct io_uring *ring) {
   struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
   if (sqe && bind(fd, (struct sockaddr *)&a, sizeof(sa_family_t)) == 0 &&
       listen(fd, 1) == 0) {
-    weft__uring_prep_accept(sqe, fd, SOCK_CLOEXEC);
+    prep_accept(sqe, fd, SOCK_CLOEXEC);
     if (io_uring_submit_and_wait(ring, 1) >= 0 &&
         io_uring_peek_cqe(ring, &cqe) == 0) {
       if (cqe->res == -EAGAIN)
@@ -130,7 +144,6 @@ static void arm_wake(struct weft__io *io) {
   io->unsubmitted++;
 }
 
-/* probe: check the opcodes (once per runtime: every ring has the same). */
 int weft__uring_setup(struct weft__io *io, bool probe) {
   struct io_uring *ring = calloc(1, sizeof(*ring));
   if (!ring)
@@ -185,13 +198,13 @@ void weft__uring_teardown(struct weft__io *io) {
  * accepts that never wait and closes of sockets have finished. So their
  * holds and the close count drop here, before any completion of theirs
  * can be reaped: a hold is never relinked while still listed. */
-void weft__uring_entered(struct weft__io *io) {
+static void entered(struct weft__io *io) {
   struct io_uring *ring = ring_of(io);
   uint32_t head = IO_URING_READ_ONCE(*ring->sq.khead);
   io->unsubmitted = io_uring_sq_ready(ring);
-  struct weft__sq_hold **pp = &io->holds;
+  struct weft__io_hold **pp = &io->holds;
   while (*pp) {
-    struct weft__sq_hold *h = *pp;
+    struct weft__io_hold *h = *pp;
     if ((int32_t)(head - h->pos) >= 0) {
       *pp = h->next; /* before the drop: h may be reused after it */
       weft__fetch_sub(h->count, 1, WA_SC);
@@ -202,39 +215,29 @@ void weft__uring_entered(struct weft__io *io) {
   if (io->close_n && (int32_t)(head - io->close_pos) >= 0) {
     unsigned n = io->close_n;
     io->close_n = 0;
-    weft__tcp_closed(io->sh->rt, n);
+    weft__busy_drop(io->sh->rt, n);
   }
 }
 
-void weft__uring_hold(struct weft__shard *sh, struct weft__sq_hold *h) {
-  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
-  h->pos = ring_of(io)->sq.sqe_tail;
-  h->next = io->holds;
-  io->holds = h;
-}
-
-void weft__uring_prep_close(struct weft__shard *sh, struct io_uring_sqe *sqe,
-                            int fd) {
-  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
-  io_uring_prep_close(sqe, fd);
-  io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
-  io->close_n++;
-  io->close_pos = ring_of(io)->sq.sqe_tail;
+/* One enter that submits; EINTR is retried. Returns io_uring_submit's
+ * result. */
+static int enter(struct weft__io *io) {
+  int r;
+  do {
+    r = io_uring_submit(ring_of(io));
+    weft__stat_add(&io->sh->st.io_enters, 1);
+    entered(io); /* it may have taken some, whatever it returned */
+  } while (r == -EINTR);
+  return r;
 }
 
 void weft__uring_submit(struct weft__io *io) {
   for (;;) {
-    int r = io_uring_submit(ring_of(io));
-    weft__stat_add(&io->sh->st_io_enters, 1);
-    if (r >= 0 || (r != -EINTR && r != -EBUSY && r != -EAGAIN)) {
-      /* Errors other than those are about the ring itself, which we set
-       * up correctly: they leave the SQEs for the next try. */
-      weft__uring_entered(io);
+    int r = enter(io);
+    /* Errors other than these are about the ring itself, which we set up
+     * correctly: they leave the SQEs for the next try. */
+    if (r >= 0 || (r != -EBUSY && r != -EAGAIN))
       return;
-    }
-    weft__uring_entered(io); /* it may have taken some */
-    if (r == -EINTR)
-      continue;
     /* Overflowed completions or no memory for requests: make room. */
     if (!io_uring_cq_ready(ring_of(io)))
       return;
@@ -242,17 +245,15 @@ void weft__uring_submit(struct weft__io *io) {
   }
 }
 
-struct io_uring_sqe *weft__uring_sqe(struct weft__shard *sh) {
-  struct weft__io *io = weft__load(&sh->io, WA_ACQ);
-  for (int i = 0; i < 4; i++) {
-    struct io_uring_sqe *sqe = io_uring_get_sqe(ring_of(io));
-    if (sqe) {
-      io->unsubmitted++;
-      return sqe;
-    }
-    weft__uring_submit(io);
+struct io_uring_sqe *weft__uring_sqe(struct weft__io *io) {
+  struct io_uring_sqe *sqe = io_uring_get_sqe(ring_of(io));
+  if (!sqe) {
+    enter(io);
+    sqe = io_uring_get_sqe(ring_of(io));
   }
-  return NULL;
+  if (sqe)
+    io->unsubmitted++;
+  return sqe;
 }
 
 static void reap(struct weft__io *io);
@@ -262,12 +263,11 @@ static void reap(struct weft__io *io);
  * to them (a wakeup takes 5-20 us on a VM, a request's handlers a few),
  * and the replies they write leave in one kernel entry: the peers then get
  * them in one burst and answer in one, where a thread woken for one or two
- * requests split every burst in two. bench/net's keep-alive run: 0.18
- * context switches a request instead of 0.34, and 10% less CPU together
- * with sends through the ring (tcp.c; alone: 5%). The price: those items
- * wait behind this thread's handlers, as every item of a shard does; a
- * handler that runs long is handed on by the monitor (1 to 1.5 thresholds)
- * and a thread that wakes for its own reasons steals them sooner. */
+ * requests split every burst in two (bench/net's keep-alive run: half the
+ * context switches a request). The price: those items wait behind this
+ * thread's handlers, as every item of a shard does; a handler that runs
+ * long is handed on by the monitor (1 to 1.5 thresholds) and a thread
+ * that wakes for its own reasons steals them sooner. */
 #define REAP_SHARE_MIN 4
 
 void weft__uring_reap(struct weft__io *io) {
@@ -281,6 +281,34 @@ void weft__uring_reap(struct weft__io *io) {
   sh->quiet = false;
   if (weft__runq_len(&sh->prq) + weft__runq_len(&sh->rq) > REAP_SHARE_MIN)
     weft__notify_parked(sh->rt);
+}
+
+/* One completion of an operation of ours, to its handle. */
+static void complete(struct weft__io *io, uint64_t ud,
+                     const struct io_uring_cqe *cqe) {
+  struct weft__ioh *h = (struct weft__ioh *)(uintptr_t)(ud & ~(uint64_t)7);
+  unsigned op = (unsigned)(ud & WEFT_OP_MASK);
+  struct weft__cqe c = {.res = cqe->res};
+  if (op == WEFT_OP_RECVM) {
+    if (cqe->flags & IORING_CQE_F_MORE)
+      c.flags |= WEFT_CQE_MORE;
+    if (cqe->flags & IORING_CQE_F_BUFFER) {
+      struct weft__rbuf *b =
+          weft__bufring_get(io, cqe->flags >> IORING_CQE_BUFFER_SHIFT);
+      if (b && cqe->res > 0) {
+        weft__stat_add(&io->st_rbuf_out, 1);
+        b->len = (uint32_t)cqe->res;
+        b->off = 0;
+        c.buf = b;
+      } else if (b) {
+        weft__bufring_give(io, b); /* no data in it: straight back */
+      }
+    }
+  } else if (op == WEFT_OP_ACCEPT &&
+             (cqe->flags & IORING_CQE_F_SOCK_NONEMPTY)) {
+    c.flags |= WEFT_CQE_NONEMPTY;
+  }
+  h->done(h, io->sh, op, &c);
 }
 
 static void reap(struct weft__io *io) {
@@ -301,16 +329,14 @@ static void reap(struct weft__io *io) {
         io->wake_armed = false; /* the poll ended: arm it again */
       continue;
     }
-    if ((ud & WEFT_OP_MASK) == WEFT_OP_RECVM)
-      weft__sock_recvm(io, ud, cqe->res, cqe->flags);
-    else if (ud != WEFT_UD_QUIET)
-      weft__sock_completed(io->sh, ud, cqe->res, cqe->flags);
+    if (ud != UD_QUIET)
+      complete(io, ud, cqe);
     events++;
   }
   if (n)
     io_uring_cq_advance(ring, n);
   if (events)
-    weft__stat_add(&io->sh->st_io_events, events);
+    weft__stat_add(&io->sh->st.io_events, events);
   if (!io->wake_armed)
     arm_wake(io);
 }
@@ -329,7 +355,7 @@ bool weft__uring_wait(struct weft__io *io, uint64_t deadline) {
   }
   struct io_uring_cqe *cqe;
   (void)io_uring_submit_and_wait_timeout(ring, &cqe, 1, tsp, NULL);
-  weft__uring_entered(io);
+  entered(io);
   /* Anything but the wake poll waiting? Those are dispatched once the
    * thread has left the sleepers (park.c). Wake polls alone are consumed
    * here, so that the next wait does not return at once for them. */
@@ -352,4 +378,108 @@ bool weft__uring_wait(struct weft__io *io, uint64_t deadline) {
   /* Not IORING_SQ_TASKRUN: it may be another thread's task work, which
    * posts to this CQ, and so wakes us, once that thread runs it. */
   return events;
+}
+
+/* ---- the verbs ------------------------------------------------------------
+ */
+
+int weft__uring_recv(struct weft__io *io, int fd, void *buf, size_t len,
+                     bool poll_first, struct weft__ioh *h) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  io_uring_prep_recv(sqe, fd, buf, len, 0);
+  /* Wait for data before the first try (5.19; -EINVAL before). */
+  if (poll_first)
+    sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_RECV));
+  return 0;
+}
+
+int weft__uring_recv_multishot(struct weft__io *io, int fd,
+                               struct weft__ioh *h) {
+  if (!io->br)
+    return -ENOBUFS;
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  io_uring_prep_recv_multishot(sqe, fd, NULL, 0, 0);
+  sqe->flags |= IOSQE_BUFFER_SELECT;
+  sqe->buf_group = WEFT_BUFRING_GROUP;
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_RECVM));
+  return 0;
+}
+
+int weft__uring_send(struct weft__io *io, int fd, struct msghdr *msg,
+                     struct weft__ioh *h) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  io_uring_prep_sendmsg(sqe, fd, msg, MSG_NOSIGNAL);
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_SEND));
+  return 0;
+}
+
+int weft__uring_connect(struct weft__io *io, int fd,
+                        const struct sockaddr *addr, unsigned addrlen,
+                        struct weft__ioh *h) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  io_uring_prep_connect(sqe, fd, addr, addrlen);
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_CONNECT));
+  return 0;
+}
+
+int weft__uring_poll_in(struct weft__io *io, int fd, struct weft__ioh *h) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  io_uring_prep_poll_add(sqe, fd, POLLIN);
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_POLLIN));
+  return 0;
+}
+
+int weft__uring_accept(struct weft__io *io, int fd, int flags,
+                       struct weft__ioh *h, struct weft__io_hold *hold) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  prep_accept(sqe, fd, flags);
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_ACCEPT));
+  hold->pos = ring_of(io)->sq.sqe_tail;
+  hold->next = io->holds;
+  io->holds = hold;
+  return 0;
+}
+
+int weft__uring_cancel(struct weft__io *io, uint64_t target, bool now) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  io_uring_prep_cancel64(sqe, target, 0);
+  io_uring_sqe_set_data64(sqe, UD_QUIET);
+  /* Entering does not touch a CQ that a caller inside the reaper is
+   * walking (the walk rereads its tail). Errors leave the entries for the
+   * next submit. */
+  if (now)
+    (void)enter(io);
+  return 0;
+}
+
+/* A close as an entry, leaving with the thread's next enter (a socket has
+ * no flush method, so the kernel closes it inside that enter). The
+ * descriptor number stays taken until then, so nothing reuses it early,
+ * and stays counted busy until then (entered), so a shutdown does not end
+ * before: a thread that parks with it sleeps in its ring, whose enter
+ * takes it, and its completion ends that sleep at once. */
+bool weft__uring_close(struct weft__io *io, int fd) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return false;
+  io_uring_prep_close(sqe, fd);
+  io_uring_sqe_set_data64(sqe, UD_QUIET);
+  io->close_n++;
+  io->close_pos = ring_of(io)->sq.sqe_tail;
+  return true;
 }

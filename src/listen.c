@@ -1,15 +1,15 @@
 /*
- * listen.c - listeners: one listening socket per shard bound with
- * SO_REUSEPORT (or one socket, WEFT_LISTEN_SINGLE), accepting, and running
- * out of descriptors. Owns struct weft_listener and the listener side of
- * struct weft__sock.
+ * listen.c - listeners (listen.h): one listening socket per shard bound
+ * with SO_REUSEPORT (or one socket, WEFT_LISTEN_SINGLE), accepting, and
+ * running out of descriptors. Owns struct weft_listener, the listening
+ * sockets (struct lsock) and their pool.
  *
  * Why a socket per shard: the kernel spreads incoming connections over the
  * sockets of a reuseport group by a hash of the 4-tuple, each socket has
  * its own accept queue and lock, and each is served by its own strand, so
  * nothing on the accept path is shared between shards, in the kernel or
  * here (compare one socket whose accept queue every thread contends on,
- * context/haproxy-fd-cas-multithread-accept.txt). The cost: a stuck shard's
+ * docs/cases.md: HAProxy's multi-threaded accept). The cost: a stuck shard's
  * queue waits for the monitor's handoff, and another process of the same
  * user may join the group; WEFT_LISTEN_SINGLE avoids the latter.
  *
@@ -31,12 +31,16 @@
  * burst of up to 64 accepts, or per ring accept (ring_accept: its count
  * stays up until the enter that runs it).
  */
+#include "listen.h"
+
+#include "clock.h"
+#include "rt.h"
+#include "sock.h"
 #include "tcp.h"
+#include "thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <liburing.h>
-#include <poll.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +53,9 @@
 
 struct weft_listener {
   weft_rt *rt;
-  struct weft_listener *next; /* rt->listeners, under life_lock */
+  struct weft_listener *next; /* rt->net.listeners, under life.lock */
+  weft_accept_fn fn;          /* the accept callback */
+  void *arg;
   /* Who calls done is decided on one word: (items << 1) | 1 once
    * weft_listener_close has won, where the items are the open sockets and
    * the accepted connections whose accept callback has not yet run (it
@@ -58,10 +64,10 @@ struct weft_listener {
    * item's fetch_sub are ordered, so either the closer sees items left
    * (returns 0, and the last one to finish sees the bit and calls done) or
    * it sees none (returns -EALREADY: a shutdown closed them, done is not
-   * called).
-   * Two words, a flag and a count, let both happen at once: the closer set
-   * the flag, the last socket finished, saw it and called done, and then
-   * the closer read a count of 0 and returned -EALREADY. */
+   * called). Two words, a flag and a count, would let both happen at
+   * once: the closer sets the flag, the last socket finishes, sees it and
+   * calls done, and then the closer reads a count of 0 and returns
+   * -EALREADY. */
   _Atomic uint64_t live;
   _Atomic uint32_t close_claim; /* 1 once a weft_listener_close won */
   _Atomic int reserve;          /* the spare descriptor, -1 while in use */
@@ -78,47 +84,68 @@ struct weft_listener {
   _Atomic uint64_t st_accepted, st_calls, st_limit, st_dropped, st_paused;
   unsigned n;
   uint32_t *gens; /* socks[i]'s generation, for signals after its free */
-  struct weft__sock *socks[];
+  struct lsock *socks[];
 };
 
-static bool is_uring(const struct weft__sock *s) {
-  return s->rt->backend == WEFT_BACKEND_URING;
+/* A listening socket; everything but the base's ev (sock.h) and what the
+ * reaper stores before it signals (ares, acc_more) is its strand's. */
+struct lsock {
+  struct weft__sock s;
+  struct weft_listener *lst;
+  weft_timer *timer; /* the backoff's */
+  uint64_t backoff_ns;
+  int32_t ares;   /* uring: a ring accept's result */
+  bool readable;  /* connections may wait */
+  bool polling;   /* uring: a poll of the socket is in the kernel */
+  bool accepting; /* uring: a ring accept is in the kernel */
+  bool paused;
+  bool at_limit; /* the last accept burst ran out of descriptors */
+  bool acc_more; /* the ring accept's completion: more connections wait */
+  struct weft__io_hold acc_hold; /* its share of lst->active */
+};
+
+/* A listening socket's own event bits (sock.h has the shared ones). */
+#define EV_POLLED (EV_KIND << 0) /* uring: the poll completed */
+#define EV_ADONE (EV_KIND << 1)  /* uring: a ring accept completed */
+
+static bool completes(const struct lsock *ls) {
+  return weft__io_completes(ls->s.rt);
 }
 
 /* Listening sockets are non-blocking with both backends; what an accepted
- * socket is follows the backend (tcp.c). */
-static int sync_accept(struct weft__sock *s) {
-  struct weft_listener *l = s->lst;
+ * socket is follows the backend (io.h, weft__io_sock_flags). */
+static int sync_accept(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
   weft__fetch_add(&l->st_calls, 1, WA_RLX);
-  int flags = SOCK_CLOEXEC | (is_uring(s) ? 0 : SOCK_NONBLOCK);
-  int fd = accept4(s->fd, NULL, NULL, flags);
+  int flags = SOCK_CLOEXEC | weft__io_sock_flags(ls->s.rt);
+  int fd = accept4(ls->s.fd, NULL, NULL, flags);
   return fd < 0 ? -errno : fd;
 }
 
 static void resume(void *arg, int status, uint64_t missed) {
-  struct weft__sock *s = arg;
+  struct lsock *ls = arg;
   (void)missed;
-  if (status || s->state != ST_OPEN)
+  if (status || ls->s.state != ST_OPEN)
     return;
-  s->paused = false;
-  s->readable = true; /* an edge may have come and gone meanwhile */
-  weft__sock_kick(s);
+  ls->paused = false;
+  ls->readable = true; /* an edge may have come and gone meanwhile */
+  weft__sock_kick(&ls->s);
 }
 
-static void pause_backoff(struct weft__sock *s) {
-  s->paused = true;
-  weft__fetch_add(&s->lst->st_paused, 1, WA_RLX);
-  s->backoff_ns = s->backoff_ns ? s->backoff_ns * 2 : BACKOFF_MIN_NS;
-  if (s->backoff_ns > BACKOFF_MAX_NS)
-    s->backoff_ns = BACKOFF_MAX_NS;
-  if (weft_timer_start(s->timer, s->backoff_ns, 0, resume, s) < 0)
-    s->paused = false; /* shutting down: the sweep closes us */
+static void pause_backoff(struct lsock *ls) {
+  ls->paused = true;
+  weft__fetch_add(&ls->lst->st_paused, 1, WA_RLX);
+  ls->backoff_ns = ls->backoff_ns ? ls->backoff_ns * 2 : BACKOFF_MIN_NS;
+  if (ls->backoff_ns > BACKOFF_MAX_NS)
+    ls->backoff_ns = BACKOFF_MAX_NS;
+  if (weft_timer_start(ls->timer, ls->backoff_ns, 0, resume, ls) < 0)
+    ls->paused = false; /* shutting down: the sweep closes us */
 }
 
-/* Descriptors ran out: drop what waits, using the spare, then pause. */
-/* With limit_lock held. */
-static void fd_limit(struct weft__sock *s) {
-  struct weft_listener *l = s->lst;
+/* Descriptors ran out: drop what waits, using the spare, then pause. With
+ * limit_lock held. */
+static void fd_limit(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
   weft__fetch_add(&l->st_limit, 1, WA_RLX);
   /* Shards accepting without the lock saw `limited` clear: let them
    * finish their burst (a few syscalls), and ring accepts their enter,
@@ -129,7 +156,7 @@ static void fd_limit(struct weft__sock *s) {
   uint64_t t0 = weft__now_ns();
   while (weft__load(&l->active, WA_SC)) {
     if (weft__now_ns() - t0 > ACTIVE_WAIT_NS) {
-      pause_backoff(s);
+      pause_backoff(ls);
       return;
     }
     sched_yield();
@@ -138,7 +165,7 @@ static void fd_limit(struct weft__sock *s) {
   if (spare >= 0) {
     close(spare);
     for (int i = 0; i < ACCEPT_BUDGET; i++) {
-      int fd = sync_accept(s);
+      int fd = sync_accept(ls);
       if (fd == -EINTR)
         continue;
       if (fd < 0)
@@ -152,7 +179,7 @@ static void fd_limit(struct weft__sock *s) {
     if (spare >= 0 && !weft__cas(&l->reserve, &none, spare, WA_REL, WA_RLX))
       close(spare); /* -1 (open failed): reopened on resume */
   }
-  pause_backoff(s);
+  pause_backoff(ls);
 }
 
 static void reopen_spare(struct weft_listener *l) {
@@ -165,13 +192,13 @@ static void reopen_spare(struct weft_listener *l) {
 }
 
 /* One accept result: a descriptor or a negative errno. false: stop;
- * s->at_limit says if descriptors ran out. */
-static bool accepted(struct weft__sock *s, int fd) {
-  struct weft_listener *l = s->lst;
+ * ls->at_limit says if descriptors ran out. */
+static bool accepted(struct lsock *ls, int fd) {
+  struct weft_listener *l = ls->lst;
   if (fd >= 0) {
-    s->backoff_ns = 0;
+    ls->backoff_ns = 0;
     weft__fetch_add(&l->st_accepted, 1, WA_RLX);
-    weft__conn_accepted(s, fd);
+    weft__tcp_accepted(ls->s.rt, l, fd);
     return true;
   }
   switch (fd) {
@@ -184,126 +211,123 @@ static bool accepted(struct weft__sock *s, int fd) {
   case -ENFILE:
   case -ENOBUFS:
   case -ENOMEM:
-    s->at_limit = true;
+    ls->at_limit = true;
     return false;
   case -EAGAIN:
-    s->readable = false;
+    ls->readable = false;
     return false;
   default:
     return false; /* -EINVAL: the socket was shut down */
   }
 }
 
-/* uring: wait for connections with a poll of the listening socket, then
- * accept them (ring_accept, or accept4). Not an accept request that waits:
- * one in the kernel takes a descriptor the moment one is free, racing the
- * drop in fd_limit, whose spare slot it would take (test_tcp_emfile lost
- * clients that way). */
-static void poll_submit(struct weft__sock *s) {
-  struct weft__shard *sh = weft__local_begin(s->rt);
-  struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
-  if (sqe) {
-    io_uring_prep_poll_add(sqe, s->fd, POLLIN);
-    io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
-    s->rd_inflight = true;
-  }
+/* Completions: wait for connections with a poll of the listening socket,
+ * then accept them (ring accepts, or accept4). Not an accept request that
+ * waits: one in the kernel takes a descriptor the moment one is free,
+ * racing the drop in fd_limit, whose spare slot it would take
+ * (test_tcp_emfile lost clients that way). */
+static void poll_submit(struct lsock *ls) {
+  struct weft__shard *sh = weft__local_begin(ls->s.rt);
+  ls->polling = weft__io_poll_in(sh, ls->s.fd, &ls->s.ioh) == 0;
   weft__local_end(sh);
-  if (!sqe)
-    weft__sock_kick(s);
+  if (!ls->polling)
+    weft__sock_kick(&ls->s);
 }
 
-static void accept_burst(struct weft__sock *s) {
-  s->at_limit = false;
+static void accept_burst(struct lsock *ls) {
+  ls->at_limit = false;
   for (int i = 0; i < ACCEPT_BUDGET; i++) {
-    if (!s->readable || !accepted(s, sync_accept(s))) {
-      if (!s->readable && is_uring(s) && !s->rd_inflight)
-        poll_submit(s);
+    if (!ls->readable || !accepted(ls, sync_accept(ls))) {
+      if (!ls->readable && completes(ls) && !ls->polling)
+        poll_submit(ls);
       return;
     }
   }
-  weft__sock_kick(s); /* more may wait: after other strands' turns */
+  weft__sock_kick(&ls->s); /* more may wait: after other strands' turns */
 }
 
-/* uring, kernels from 6.10 (rt->ring_accept): one accept request that
- * never waits in the kernel, in this thread's ring, leaving with its next
- * enter; its completion says whether more connections wait, so no accept
- * call ends in EAGAIN, and a listener costs no system call of its own.
- * The request keeps `active` raised until an enter has consumed it: the
- * kernel runs such an accept inside the enter (a descriptor, or an error
- * at once), so after it no slot can be taken behind fd_limit's back. */
-static bool ring_accept(struct weft__sock *s) {
-  struct weft__shard *sh = weft__local_begin(s->rt);
-  struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
-  if (sqe) {
-    weft__uring_prep_accept(sqe, s->fd, SOCK_CLOEXEC);
-    io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_WRITE);
-    weft__uring_hold(sh, &s->acc_hold);
-    s->wr_inflight = true;
-    weft__fetch_add(&s->lst->st_calls, 1, WA_RLX);
-  }
+/* Completions, from kernels that have them (rt->io.ring_accept, 6.10): one
+ * accept request that never waits in the kernel, in this thread's ring,
+ * leaving with its next enter; its completion says whether more
+ * connections wait, so no accept call ends in EAGAIN, and a listener costs
+ * no system call of its own. The request keeps `active` raised until an
+ * enter has consumed it: the kernel runs such an accept inside the enter
+ * (a descriptor, or an error at once), so after it no slot can be taken
+ * behind fd_limit's back. */
+static bool ring_accept(struct lsock *ls) {
+  struct weft__shard *sh = weft__local_begin(ls->s.rt);
+  ls->accepting = weft__io_accept(sh, ls->s.fd, SOCK_CLOEXEC, &ls->s.ioh,
+                                  &ls->acc_hold) == 0;
+  if (ls->accepting)
+    weft__fetch_add(&ls->lst->st_calls, 1, WA_RLX);
   weft__local_end(sh);
-  return sqe != NULL;
+  return ls->accepting;
 }
 
 /* Accepting under limit_lock, after a shortage. */
-static void accept_locked(struct weft__sock *s) {
-  struct weft_listener *l = s->lst;
+static void accept_locked(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
   weft__store(&l->limited, 1, WA_SC);
   /* Accept requests in this thread's ring hold `active` up until entered:
    * enter them, or fd_limit (ours, or another shard's that holds the
    * lock) would wait for this thread. Other threads enter theirs when
    * they run out of work or within 8 items; a thread stuck in a handler,
    * after the monitor hands its shard (and ring) on. */
-  struct weft__shard *sh = weft__local_begin(s->rt);
+  struct weft__shard *sh = weft__local_begin(ls->s.rt);
   if (sh)
     weft__io_flush(sh);
   weft__local_end(sh);
   pthread_mutex_lock(&l->limit_lock);
-  if (!s->at_limit) {
+  if (!ls->at_limit) {
     reopen_spare(l);
-    accept_burst(s);
+    accept_burst(ls);
   }
-  if (s->at_limit)
-    fd_limit(s);
+  if (ls->at_limit)
+    fd_limit(ls);
   else if (weft__load(&l->reserve, WA_RLX) >= 0)
     weft__store(&l->limited, 0, WA_SC); /* accepting works again */
   pthread_mutex_unlock(&l->limit_lock);
 }
 
-static void accept_more(struct weft__sock *s) {
-  struct weft_listener *l = s->lst;
-  if (s->paused || s->wr_inflight)
+static void accept_more(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
+  if (ls->paused || ls->accepting)
     return;
-  if (!s->readable) {
-    if (is_uring(s) && !s->rd_inflight)
-      poll_submit(s);
+  if (!ls->readable) {
+    if (completes(ls) && !ls->polling)
+      poll_submit(ls);
     return;
   }
-  s->at_limit = false;
+  ls->at_limit = false;
   weft__fetch_add(&l->active, 1, WA_SC);
   bool limited = weft__load(&l->limited, WA_SC);
-  if (!limited && s->rt->ring_accept && ring_accept(s))
+  if (!limited && ls->s.rt->io.ring_accept && ring_accept(ls))
     return; /* `active` is dropped once the request is entered */
   if (!limited)
-    accept_burst(s);
+    accept_burst(ls);
   weft__fetch_sub(&l->active, 1, WA_SC);
-  if (limited || s->at_limit)
-    accept_locked(s);
+  if (limited || ls->at_limit)
+    accept_locked(ls);
 }
 
-/* The reaper: a ring accept completed (res: a descriptor or -errno). */
-void weft__lsock_accepted(struct weft__shard *local, struct weft__sock *s,
-                          int32_t res, uint32_t flags) {
-  s->wres = res;
-  s->acc_more = (flags & IORING_CQE_F_SOCK_NONEMPTY) != 0;
-  weft__sock_signal(local, s, EV_WDONE, WEFT_GEN_ANY);
+/* The reaper: the poll or a ring accept completed. */
+static void lsock_done(struct weft__ioh *h, struct weft__shard *local,
+                       unsigned op, const struct weft__cqe *cqe) {
+  struct lsock *ls = (struct lsock *)weft__sock_of(h);
+  if (op == WEFT_OP_ACCEPT) {
+    ls->ares = cqe->res;
+    ls->acc_more = (cqe->flags & WEFT_CQE_NONEMPTY) != 0;
+    weft__sock_signal(local, &ls->s, EV_ADONE, WEFT_GEN_ANY);
+  } else { /* WEFT_OP_POLLIN: whatever it says, accept4 tells */
+    weft__sock_signal(local, &ls->s, EV_POLLED, WEFT_GEN_ANY);
+  }
 }
 
-static void ring_accepted(struct weft__sock *s) {
-  struct weft_listener *l = s->lst;
-  int res = s->wres;
-  s->wr_inflight = false;
-  if (s->state != ST_OPEN) {
+static void ring_accepted(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
+  int res = ls->ares;
+  ls->accepting = false;
+  if (ls->s.state != ST_OPEN) {
     if (res >= 0) { /* closed meanwhile: its client sees EOF */
       close(res);
       weft__fetch_add(&l->st_dropped, 1, WA_RLX);
@@ -312,14 +336,14 @@ static void ring_accepted(struct weft__sock *s) {
   }
   if (res == -ECANCELED)
     return; /* its submitter exited (io_uring.c): accept_more retries */
-  s->at_limit = false;
-  if (accepted(s, res)) {
-    if (res >= 0 && !s->acc_more)
-      s->readable = false; /* none waits: poll before the next accept */
-  } else if (s->at_limit) {
-    accept_locked(s);
-  } else if (s->readable) {
-    pause_backoff(s); /* an unexpected error: not again at once */
+  ls->at_limit = false;
+  if (accepted(ls, res)) {
+    if (res >= 0 && !ls->acc_more)
+      ls->readable = false; /* none waits: poll before the next accept */
+  } else if (ls->at_limit) {
+    accept_locked(ls);
+  } else if (ls->readable) {
+    pause_backoff(ls); /* an unexpected error: not again at once */
   }
 }
 
@@ -343,36 +367,43 @@ uint32_t weft__listener_active(const struct weft_listener *l) {
   return weft__load(&l->active, WA_SC);
 }
 
-/* The connection's accept callback has returned (or never will run). */
-void weft__listener_delivered(struct weft_listener *l) { live_drop(l); }
-
-static void lsock_finished(struct weft__sock *s) {
-  struct weft_listener *l = s->lst;
-  weft__sock_close_fd(s);
-  s->state = ST_CLOSED;
+void weft__listener_deliver(struct weft_listener *l, weft_tcp *conn) {
+  l->fn(l->arg, conn);
   live_drop(l);
-  weft__sock_free(s);
 }
 
-void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
-  if (bits & EV_WDONE)
-    ring_accepted(s);
-  if (bits & EV_RDONE) {
-    s->rd_inflight = false; /* the poll: whatever it says, accept4 tells */
-    s->readable = true;
+void weft__listener_delivered(struct weft_listener *l) { live_drop(l); }
+
+static void lsock_finished(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
+  weft_timer_destroy(ls->timer);
+  ls->timer = NULL;
+  weft__sock_close_fd(&ls->s);
+  ls->s.state = ST_CLOSED;
+  live_drop(l);
+  weft__sock_free(&ls->s);
+}
+
+static void lsock_run(struct weft__sock *s, uint32_t bits) {
+  struct lsock *ls = (struct lsock *)s;
+  if (bits & EV_ADONE)
+    ring_accepted(ls);
+  if (bits & EV_POLLED) {
+    ls->polling = false;
+    ls->readable = true;
   }
   if (bits & EV_IN)
-    s->readable = true;
+    ls->readable = true;
   if ((bits & (EV_CLOSE | EV_SHUTDOWN)) && s->state == ST_OPEN) {
     s->state = ST_CLOSING;
-    weft_timer_cancel(s->timer);
-    if (s->rd_inflight)
-      shutdown(s->fd, SHUT_RDWR); /* ends the accept in the kernel */
+    weft_timer_cancel(ls->timer);
+    if (ls->polling)
+      shutdown(s->fd, SHUT_RDWR); /* ends the poll in the kernel */
   }
   if (s->state == ST_OPEN)
-    accept_more(s);
-  else if (s->state == ST_CLOSING && !s->rd_inflight && !s->wr_inflight)
-    lsock_finished(s); /* a ring accept ends by itself: never waits */
+    accept_more(ls);
+  else if (s->state == ST_CLOSING && !ls->polling && !ls->accepting)
+    lsock_finished(ls); /* a ring accept ends by itself: never waits */
 }
 
 /* ---- the API ---------------------------------------------------------------
@@ -410,28 +441,33 @@ static int bind_one(weft_rt *rt, struct weft_listener *l, bool reuseport,
   return fd;
 }
 
-static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd,
-                     weft_accept_fn fn, void *arg) {
-  struct weft__sock *s = weft__sock_new(rt, fd, SK_LISTEN, NULL);
-  if (!s) {
+/* A socket that never ran: its timer (if made) goes with it. */
+static void lsock_discard(struct lsock *ls) {
+  if (ls->timer)
+    weft_timer_destroy(ls->timer);
+  weft__sock_discard(&ls->s);
+}
+
+static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
+  struct lsock *ls = (struct lsock *)weft__sock_new(rt, SK_LISTEN, fd, NULL,
+                                                    lsock_run, lsock_done);
+  if (!ls) {
     close(fd);
     return -ENOMEM;
   }
-  s->lst = l;
-  s->acc_hold.count = &l->active;
-  s->afn = fn;
-  s->aarg = arg;
-  s->state = ST_OPEN;
-  s->readable = true;
-  int r = weft_timer_create(rt, s->strand, &s->timer);
+  ls->lst = l;
+  ls->acc_hold.count = &l->active;
+  ls->s.state = ST_OPEN;
+  ls->readable = true;
+  int r = weft_timer_create(rt, ls->s.strand, &ls->timer);
   if (!r)
-    r = weft__sock_register(s, i);
+    r = weft__sock_register(&ls->s, i, false);
   if (r) {
-    weft__sock_discard(s);
+    lsock_discard(ls);
     return r;
   }
-  l->socks[i] = s;
-  l->gens[i] = s->gen;
+  l->socks[i] = ls;
+  l->gens[i] = ls->s.gen;
   return 0;
 }
 
@@ -462,6 +498,8 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   l->gens = (uint32_t *)&l->socks[n];
   l->rt = rt;
   l->n = n;
+  l->fn = fn;
+  l->arg = arg;
   pthread_mutex_init(&l->limit_lock, NULL);
   memcpy(&l->addr, addr, addrlen);
   l->addrlen = addrlen;
@@ -472,23 +510,23 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   unsigned made = 0;
   for (; !r && made < n; made++) {
     int fd = bind_one(rt, l, n > 1, backlog);
-    r = fd < 0 ? fd : lsock_add(rt, l, made, fd, fn, arg);
+    r = fd < 0 ? fd : lsock_add(rt, l, made, fd);
     if (r)
       break;
   }
   if (r) {
     for (unsigned i = 0; i < made; i++)
-      weft__sock_discard(l->socks[i]);
+      lsock_discard(l->socks[i]);
     listener_free(l);
     return r;
   }
   weft__store(&l->live, (uint64_t)n << 1, WA_RLX);
-  pthread_mutex_lock(&rt->life_lock);
-  l->next = rt->listeners;
-  rt->listeners = l;
-  pthread_mutex_unlock(&rt->life_lock);
+  pthread_mutex_lock(&rt->life.lock);
+  l->next = rt->net.listeners;
+  rt->net.listeners = l;
+  pthread_mutex_unlock(&rt->life.lock);
   for (unsigned i = 0; i < n; i++)
-    weft__sock_signal(NULL, l->socks[i], EV_KICK, l->gens[i]);
+    weft__sock_signal(NULL, &l->socks[i]->s, EV_KICK, l->gens[i]);
   *out = l;
   return 0;
 }
@@ -529,17 +567,25 @@ int weft_listener_close(weft_listener *l, weft_fn done, void *arg) {
   /* The lock keeps each socket's memory: freed ones drop the signal. */
   for (unsigned i = 0; i < l->n; i++) {
     struct weft__shard *reg = &l->rt->shards[i % l->rt->nshards];
-    pthread_mutex_lock(&reg->tcp_lock);
-    weft__sock_signal(NULL, l->socks[i], EV_CLOSE, l->gens[i]);
-    pthread_mutex_unlock(&reg->tcp_lock);
+    pthread_mutex_lock(&reg->socks.lock);
+    weft__sock_signal(NULL, &l->socks[i]->s, EV_CLOSE, l->gens[i]);
+    pthread_mutex_unlock(&reg->socks.lock);
   }
   return 0;
 }
 
-void weft__tcp_destroy(weft_rt *rt) {
-  while (rt->listeners) {
-    struct weft_listener *l = rt->listeners;
-    rt->listeners = l->next;
+/* ---- the runtime's side ----------------------------------------------------
+ */
+
+void weft__listen_init(weft_rt *rt) {
+  weft__pool_init(&rt->net.lsock_pool, sizeof(struct lsock));
+}
+
+void weft__listen_destroy(weft_rt *rt) {
+  while (rt->net.listeners) {
+    struct weft_listener *l = rt->net.listeners;
+    rt->net.listeners = l->next;
     listener_free(l);
   }
+  weft__pool_destroy(&rt->net.lsock_pool);
 }

@@ -1,12 +1,12 @@
 /*
- * lock.h - weft__lock, the mutex of short critical sections that several
- * threads take at a high rate: a shard's timer wheel (timer.c). It costs
- * one locked instruction to take and one to release, inline, where a
+ * lock.h, lock.c - weft__lock, the mutex of short critical sections that
+ * several threads take at a high rate: a shard's timer wheel (timer.c). It
+ * costs one locked instruction to take and one to release, inline, where a
  * pthread mutex costs two calls; contended, it spins (the holder is on
  * another CPU for a few hundred nanoseconds) for at most about what a
- * futex sleep would cost the waiter, 20 us, and then sleeps on a futex, so
- * a holder preempted on an oversubscribed machine is not waited for by
- * spinning longer than that (park.c, LOCK_SPIN_NS).
+ * futex sleep would cost the waiter, and then sleeps on a futex, so a
+ * holder preempted on an oversubscribed machine is not waited for by
+ * spinning longer than that (lock.c, LOCK_SPIN_NS).
  *
  * The word: 0 free, 1 held, 2 held and a thread may be asleep on it.
  * Correctness: taking is a CAS 0->1 or an exchange to 2 that reads 0, both
@@ -21,9 +21,9 @@
 #ifndef WEFT_LOCK_H
 #define WEFT_LOCK_H
 
-#include <stdbool.h>
-
 #include "atomics.h"
+
+#include <stdbool.h>
 
 typedef struct {
   _Atomic uint32_t word;

@@ -27,20 +27,22 @@
  * CAS decides between them. T pays two plain stores per handler; the
  * monitor pays one membarrier per stall. The registration for it is done in
  * weft_rt_create before the runtime starts a thread: with other threads of
- * the process running, the kernel waits for an RCU grace period first
- * (shared/context/glommio-first-sleep-*; weft_rt_create took a median
- * 15 ms here for it, against 0.4-0.5 ms).
+ * the process running, the kernel waits for an RCU grace period first,
+ * tens of milliseconds (docs/cases.md: Glommio paid it at the first
+ * sleep).
  * Without membarrier (old kernel, seccomp) stalls are reported, not handed
  * off, and handlers are never stamped (below). ThreadSanitizer builds use
  * seq_cst stores and loads instead, a correct Dekker protocol on its own that
  * TSan can check.
  *
  * The spare inherits T's place in the park protocol (T was unparked and
- * not searching), so the idle accounting does not change at a handoff.
+ * not searching), so the idle accounting does not change at a handoff; T,
+ * until its handler returns, counts as busy work outside the run loop
+ * (rt.c).
  *
  * When to look (scan's return). Sampled, a handler is known to run since
  * the first look that saw its epoch, so looks come every half threshold.
- * Stamped (rt->stamp on: few handlers and membarrier, stamp_mode), T
+ * Stamped (rt->mon.stamp on: few handlers and membarrier, stamp_mode), T
  * stores each handler's start in hstart before its hstate (and reads the
  * flag again after it when it did not stamp); the monitor looks when the
  * oldest running handler is 1.4 thresholds old, and at most that far
@@ -48,7 +50,14 @@
  * + 1.4 thresholds as well. Both notice a blocked handler between 1 and
  * 1.5 thresholds (weft.h; docs/design.md, "Stamps and samples").
  */
-#include "internal.h"
+#include "monitor.h"
+
+#include "clock.h"
+#include "futex.h"
+#include "park.h"
+#include "rt.h"
+#include "shard.h"
+#include "thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -90,7 +99,7 @@ bool weft__membarrier_register(void) {
 }
 
 void weft__monitor_nudge(weft_rt *rt) {
-  struct weft__monitor *m = rt->monitor;
+  struct weft__monitor *m = rt->mon.m;
   if (m && weft__load(&m->sleeping, WA_SC)) {
     weft__store(&m->wake, 1, WA_REL);
     weft__futex_wake(&m->wake, 1);
@@ -101,29 +110,29 @@ void weft__monitor_nudge(weft_rt *rt) {
 
 /* Slot states are read by stats and destroy: always under spare_lock. */
 static void set_slot_state(weft_rt *rt, struct weft__thread *t, int state) {
-  pthread_mutex_lock(&rt->spare_lock);
+  pthread_mutex_lock(&rt->th.spare_lock);
   t->slot_state = state;
-  pthread_mutex_unlock(&rt->spare_lock);
+  pthread_mutex_unlock(&rt->th.spare_lock);
 }
 
 /* Starts one more thread, which waits as a spare; false at max_threads. */
 static bool spawn_spare(weft_rt *rt) {
-  pthread_mutex_lock(&rt->spare_lock);
+  pthread_mutex_lock(&rt->th.spare_lock);
   unsigned live = 0;
   struct weft__thread *slot = NULL;
-  for (unsigned i = 0; i < rt->nthreads; i++) {
+  for (unsigned i = 0; i < rt->th.n; i++) {
     struct weft__thread *t = &rt->threads[i];
     if (t->slot_state == WEFT_TH_LIVE || t->slot_state == WEFT_TH_DORMANT)
       live++; /* a dormant slot is its shard's: never a spare's */
     else if (!slot)
       slot = t;
   }
-  if (live >= rt->max_threads || weft__load(&rt->done, WA_ACQ)) {
-    pthread_mutex_unlock(&rt->spare_lock);
+  if (live >= rt->th.max || weft__load(&rt->life.done, WA_ACQ)) {
+    pthread_mutex_unlock(&rt->th.spare_lock);
     return false;
   }
   if (!slot)
-    slot = &rt->threads[rt->nthreads++];
+    slot = &rt->threads[rt->th.n++];
   if (slot->slot_state == WEFT_TH_EXITED)
     pthread_join(slot->tid, NULL); /* it has returned from its entry */
   unsigned idx = (unsigned)(slot - rt->threads);
@@ -135,16 +144,16 @@ static bool spawn_spare(weft_rt *rt) {
    * under spare_lock, so that join_all, which reads tid under it, never
    * sees a LIVE slot whose tid is not written yet (it would skip the join
    * and free the runtime under the new thread). */
-  bool ok = pthread_create(&slot->tid, &rt->thread_attr, weft__thread_entry,
-                           slot) == 0;
+  bool ok =
+      weft__spawn(&slot->tid, &rt->th.attr, weft__thread_entry, slot) == 0;
   if (!ok)
     slot->slot_state = WEFT_TH_FREE;
-  pthread_mutex_unlock(&rt->spare_lock);
+  pthread_mutex_unlock(&rt->th.spare_lock);
   return ok;
 }
 
 int weft__spare_prestart(weft_rt *rt) {
-  return rt->max_threads > rt->nshards && !spawn_spare(rt) ? -EAGAIN : 0;
+  return rt->th.max > rt->nshards && !spawn_spare(rt) ? -EAGAIN : 0;
 }
 
 bool weft__spare_wait(struct weft__thread *t) {
@@ -152,30 +161,30 @@ bool weft__spare_wait(struct weft__thread *t) {
   weft__store(&t->taken, 0, WA_RLX);
   uint32_t two = 2;
   weft__cas(&t->wake, &two, 0, WA_RLX, WA_RLX); /* a stale kick */
-  pthread_mutex_lock(&rt->spare_lock);
-  if (weft__load(&rt->done, WA_ACQ)) {
+  pthread_mutex_lock(&rt->th.spare_lock);
+  if (weft__load(&rt->life.done, WA_ACQ)) {
     t->slot_state = WEFT_TH_EXITED;
-    pthread_mutex_unlock(&rt->spare_lock);
+    pthread_mutex_unlock(&rt->th.spare_lock);
     return false;
   }
-  rt->spares[rt->nspares++] = t;
-  pthread_mutex_unlock(&rt->spare_lock);
+  rt->th.spares[rt->th.nspares++] = t;
+  pthread_mutex_unlock(&rt->th.spare_lock);
   uint64_t deadline = weft__now_ns() + SPARE_IDLE_NS;
   for (;;) {
     uint32_t w = weft__load(&t->wake, WA_ACQ);
     if (w == 1)
       break;
     if (weft__now_ns() >= deadline) {
-      pthread_mutex_lock(&rt->spare_lock);
-      for (unsigned i = 0; i < rt->nspares && rt->nspares > 1; i++) {
-        if (rt->spares[i] == t) {
-          rt->spares[i] = rt->spares[--rt->nspares];
+      pthread_mutex_lock(&rt->th.spare_lock);
+      for (unsigned i = 0; i < rt->th.nspares && rt->th.nspares > 1; i++) {
+        if (rt->th.spares[i] == t) {
+          rt->th.spares[i] = rt->th.spares[--rt->th.nspares];
           t->slot_state = WEFT_TH_EXITED;
-          pthread_mutex_unlock(&rt->spare_lock);
+          pthread_mutex_unlock(&rt->th.spare_lock);
           return false; /* idle for long, and not the last spare: exit */
         }
       }
-      pthread_mutex_unlock(&rt->spare_lock);
+      pthread_mutex_unlock(&rt->th.spare_lock);
       /* The last spare stays; so does one popped by a handoff, which
        * waits for its waker's 1, but on a deadline still: a handoff that
        * gives up puts it back, and it must idle out from there. */
@@ -185,7 +194,7 @@ bool weft__spare_wait(struct weft__thread *t) {
     weft__futex_wait_until(&t->wake, w, deadline);
   }
   weft__store(&t->wake, 0, WA_RLX);
-  if (weft__load(&rt->done, WA_ACQ) || !t->shard) {
+  if (weft__load(&rt->life.done, WA_ACQ) || !t->shard) {
     set_slot_state(rt, t, WEFT_TH_EXITED);
     return false;
   }
@@ -193,19 +202,13 @@ bool weft__spare_wait(struct weft__thread *t) {
 }
 
 void weft__spares_wake_all(weft_rt *rt) {
-  pthread_mutex_lock(&rt->spare_lock);
-  while (rt->nspares) {
-    struct weft__thread *t = rt->spares[--rt->nspares];
+  pthread_mutex_lock(&rt->th.spare_lock);
+  while (rt->th.nspares) {
+    struct weft__thread *t = rt->th.spares[--rt->th.nspares];
     weft__store(&t->wake, 1, WA_REL);
     weft__futex_wake(&t->wake, 1);
   }
-  pthread_mutex_unlock(&rt->spare_lock);
-}
-
-void weft__lost_done(weft_rt *rt) {
-  weft__fetch_sub(&rt->lost_inflight, 1, WA_SC);
-  if (weft__load(&rt->closing, WA_SC))
-    weft__poke(rt); /* the last parker may have counted us */
+  pthread_mutex_unlock(&rt->th.spare_lock);
 }
 
 /* ---- handoff and reports ------------------------------------------------ */
@@ -215,11 +218,11 @@ void weft__lost_done(weft_rt *rt) {
  * not run again, so sp is woken to exit instead (it has no shard). done is
  * read under spare_lock, which spares_wake_all holds. */
 static void spare_put_back(weft_rt *rt, struct weft__thread *sp) {
-  pthread_mutex_lock(&rt->spare_lock);
-  bool done = weft__load(&rt->done, WA_ACQ);
+  pthread_mutex_lock(&rt->th.spare_lock);
+  bool done = weft__load(&rt->life.done, WA_ACQ);
   if (!done)
-    rt->spares[rt->nspares++] = sp;
-  pthread_mutex_unlock(&rt->spare_lock);
+    rt->th.spares[rt->th.nspares++] = sp;
+  pthread_mutex_unlock(&rt->th.spare_lock);
   if (done) {
     weft__store(&sp->wake, 1, WA_REL);
     weft__futex_wake(&sp->wake, 1);
@@ -231,13 +234,18 @@ static void spare_put_back(weft_rt *rt, struct weft__thread *sp) {
  * again each tick and reports it as "no thread to move its shard to". */
 static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
                    uint64_t hs) {
-  pthread_mutex_lock(&rt->spare_lock);
-  struct weft__thread *sp = rt->nspares ? rt->spares[--rt->nspares] : NULL;
-  pthread_mutex_unlock(&rt->spare_lock);
+  pthread_mutex_lock(&rt->th.spare_lock);
+  struct weft__thread *sp =
+      rt->th.nspares ? rt->th.spares[--rt->th.nspares] : NULL;
+  pthread_mutex_unlock(&rt->th.spare_lock);
   if (!sp) {
     spawn_spare(rt); /* for the next tick, or the next stall */
     return -1;
   }
+  /* T stops counting as busy when its handler returns (strand.c, count),
+   * which it may do as soon as it sees taken: counted before, so the
+   * count never drops below what is outstanding (rt.c). */
+  weft__busy_add(rt, 1);
   weft__store(&t->taken, 1, WA_SC);
   bool fenced = true;
 #ifndef WEFT_TSAN
@@ -250,21 +258,22 @@ static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
     uint32_t one = 1;
     if (weft__cas(&t->taken, &one, 0, WA_AR, WA_ACQ)) {
       /* T never knew. It may have moved on and parked since, and the
-       * runtime may be done: spare_put_back. */
+       * runtime may have been done before this handoff began:
+       * spare_put_back. */
       spare_put_back(rt, sp);
+      weft__busy_drop(rt, 1);
       return fenced ? 0 : -1;
     }
   }
   /* Committed: T will not touch sh again. */
-  weft__fetch_add(&rt->lost_inflight, 1, WA_SC);
   sp->shard = sh;
   sp->searching = false;
   weft__store(&sh->owner, sp, WA_REL);
   weft__store(&sp->wake, 1, WA_REL);
   weft__futex_wake(&sp->wake, 1);
-  pthread_mutex_lock(&rt->spare_lock);
-  bool none_left = rt->nspares == 0;
-  pthread_mutex_unlock(&rt->spare_lock);
+  pthread_mutex_lock(&rt->th.spare_lock);
+  bool none_left = rt->th.nspares == 0;
+  pthread_mutex_unlock(&rt->th.spare_lock);
   if (none_left)
     spawn_spare(rt); /* T becomes one when it returns; do not wait for it */
   return 1;
@@ -281,8 +290,8 @@ static bool stuck_in(struct weft__thread *t, uint64_t hs, weft_stall *st) {
 
 static void report(weft_rt *rt, struct weft__monitor *m, weft_stall st,
                    uint64_t now) {
-  if (rt->on_stall) {
-    rt->on_stall(&st, rt->on_stall_ctx);
+  if (rt->mon.on_stall) {
+    rt->mon.on_stall(&st, rt->mon.on_stall_ctx);
     return;
   }
   if (m->last_print_ns && now - m->last_print_ns < 1000000000u) {
@@ -425,15 +434,15 @@ static void stamp_mode(weft_rt *rt, struct weft__monitor *m, uint64_t busiest,
   if (!span)
     return; /* the first scan, or the first after an idle sleep: no rate */
   uint64_t lim = m->stamp_rate_max * span / 1000000000u;
-  uint32_t on = weft__load(&rt->stamp, WA_RLX);
+  uint32_t on = weft__load(&rt->mon.stamp, WA_RLX);
   if (!on && busiest < lim && m->handoff_ok && now >= m->on_next) {
     m->on_at = now;
     m->on_next = now + STAMP_ON_GAP_TICKS * m->tick_ns;
-    weft__store(&rt->stamp, 1, WA_SC);
+    weft__store(&rt->mon.stamp, 1, WA_SC);
     if (!stamp_fence())
-      weft__store(&rt->stamp, 0, WA_REL); /* ENOMEM: sample instead */
+      weft__store(&rt->mon.stamp, 0, WA_REL); /* ENOMEM: sample instead */
   } else if (on && busiest > 2 * lim) {
-    weft__store(&rt->stamp, 0, WA_REL);
+    weft__store(&rt->mon.stamp, 0, WA_REL);
   }
 }
 
@@ -444,13 +453,13 @@ static inline uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
  * saw it), and whether that handler was reported and handed off: a handler
  * that runs for seconds is reported once. Returns when to look next. */
 static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
-  bool stamping = weft__load(&rt->stamp, WA_RLX);
+  bool stamping = weft__load(&rt->mon.stamp, WA_RLX);
   /* A stamped handler is noticed at its start + wait: within the promise
    * of weft.h (between 1 and 1.5 thresholds, the timer slack of a tenth
    * of a tick included); so is one that begins while the monitor sleeps,
    * as no sleep is longer than wait. A sampled one (its since is the
    * first look that saw it) needs a look every tick, stamping or not. */
-  uint64_t wait = rt->stall_ns + 4 * rt->stall_ns / 10;
+  uint64_t wait = rt->mon.stall_ns + 4 * rt->mon.stall_ns / 10;
   uint64_t next = now + (stamping ? wait : m->tick_ns), busiest = 0;
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
@@ -478,7 +487,7 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
     /* A stamp can be later than now: taken after this scan read the
      * clock. That handler has run for no time yet. */
     uint64_t ran = now > m->since[i] ? now - m->since[i] : 0;
-    if (ran < rt->stall_ns) {
+    if (ran < rt->mon.stall_ns) {
       next = min_u64(next, m->since[i] + wait);
       continue;
     }
@@ -495,13 +504,13 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
       continue; /* it returned meanwhile: not a stall after all */
     if (r > 0) {
       m->handed[i] = true;
-      weft__stat_add(&sh->st_handoffs, 1);
-    } else if (m->handoff_ok && ran < 4 * rt->stall_ns) {
+      weft__stat_add(&sh->st.handoffs, 1);
+    } else if (m->handoff_ok && ran < 4 * rt->mon.stall_ns) {
       continue; /* a spare is starting: report if still none in a while */
     }
     if (!m->reported[i]) {
       m->reported[i] = true;
-      weft__stat_add(&sh->st_stalls, 1);
+      weft__stat_add(&sh->st.stalls, 1);
       st.handed_off = r > 0;
       report(rt, m, st, now);
     }
@@ -509,7 +518,7 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
   stamp_mode(rt, m, busiest, now);
   /* Switched: a look within a tick, so that a handler published unstamped
    * before the switch's barrier is seen and sampled (stamp_mode). */
-  if (stamping != weft__load(&rt->stamp, WA_RLX))
+  if (stamping != weft__load(&rt->mon.stamp, WA_RLX))
     next = min_u64(next, now + m->tick_ns);
   return next;
 }
@@ -526,7 +535,7 @@ static bool runtime_idle(weft_rt *rt) {
 
 static void *monitor_main(void *arg) {
   weft_rt *rt = arg;
-  struct weft__monitor *m = rt->monitor;
+  struct weft__monitor *m = rt->mon.m;
   uint64_t idle_since = 0; /* 0: not idle at the last look */
   uint64_t next = weft__now_ns() + m->tick_ns;
   /* Its own timer slack, not the creating thread's: an application thread
@@ -606,18 +615,18 @@ int weft__monitor_start(weft_rt *rt) {
     monitor_free(m);
     return -ENOMEM;
   }
-  bool mb = rt->membarrier_ok;
+  bool mb = rt->mon.membarrier_ok;
 #ifdef WEFT_TSAN
   mb = true; /* seq_cst protocol, no membarrier needed */
 #endif
   m->handoff_ok = mb;
-  m->tick_ns = rt->stall_ns / 2;
+  m->tick_ns = rt->mon.stall_ns / 2;
   m->stamp_rate_max =
-      9000000000u / 7 * LOOK_COST_NS / rt->stall_ns / clock_cost();
-  rt->monitor = m;
-  int err = pthread_create(&m->tid, &rt->thread_attr, monitor_main, rt);
+      9000000000u / 7 * LOOK_COST_NS / rt->mon.stall_ns / clock_cost();
+  rt->mon.m = m;
+  int err = weft__spawn(&m->tid, &rt->th.attr, monitor_main, rt);
   if (err) {
-    rt->monitor = NULL;
+    rt->mon.m = NULL;
     monitor_free(m);
     return -err;
   }
@@ -625,7 +634,7 @@ int weft__monitor_start(weft_rt *rt) {
 }
 
 void weft__monitor_stop_soon(weft_rt *rt) {
-  struct weft__monitor *m = rt->monitor;
+  struct weft__monitor *m = rt->mon.m;
   if (!m)
     return;
   weft__store(&m->stop, 1, WA_SC);
@@ -634,11 +643,11 @@ void weft__monitor_stop_soon(weft_rt *rt) {
 }
 
 void weft__monitor_stop(weft_rt *rt) {
-  struct weft__monitor *m = rt->monitor;
+  struct weft__monitor *m = rt->mon.m;
   if (!m)
     return;
   weft__monitor_stop_soon(rt);
   pthread_join(m->tid, NULL);
   monitor_free(m);
-  rt->monitor = NULL;
+  rt->mon.m = NULL;
 }

@@ -1,6 +1,7 @@
 /*
- * park.c - how idle threads search, sleep and are woken, and how the
- * runtime notices that a shutdown has finished. Owns rt->idle.
+ * park.c - how idle threads search, sleep and are woken, starting a
+ * shard's thread the first time it is needed, and how the runtime notices
+ * that a shutdown has finished (park.h). Owns rt->idle.
  *
  * idle.state packs (unparked << 32) | searching. A thread that finds no
  * work becomes a searcher only while fewer than half the threads search
@@ -21,16 +22,14 @@
  * searcher exists producers rely on it, and it rechecks when it parks.
  * Running threads need no wakeup: they look at their queues before parking.
  *
- * Shutdown completes when closing is set, every thread is parked, the
- * inject queue is empty, no post from outside is in progress, no thread
- * that lost its shard is still inside its handler, no blocking job is
- * unfinished and no socket is open. All parked implies all run queues
- * empty: a thread parks only with its own ring empty, and only its owner
- * pushes to a ring. The last thread to park checks this under idle.lock,
- * which freezes the unparked count (shutdown_complete_locked says why the
- * order of its reads matters); a post from outside, a stuck handler or a
- * blocking job that was in progress pokes a sleeper when it ends, which
- * parks again and checks.
+ * Shutdown completes when closing is set, every thread is parked, nothing
+ * outside the run loop is busy (a post from outside in progress, a handler
+ * bypassed by a handoff, a blocking job, an open socket: rt.c) and the
+ * inject queue is empty. All parked implies all run queues empty: a thread
+ * parks only with its own ring empty, and only its owner pushes to a ring.
+ * The last thread to park checks this under idle.lock, which freezes the
+ * unparked count (shutdown_complete_locked); whatever was busy pokes a
+ * sleeper when it stops, which parks again and checks.
  *
  * Dormant threads. A shard whose thread weft_rt_create did not start
  * (weft_config.eager_workers) has a DORMANT slot that counts as parked and
@@ -42,15 +41,19 @@
  * (wake_dormant), for a pop (work, no sleeper to take it), a kick (a timer
  * homed on its shard, the first socket), never for a poke or at done.
  */
-#include "internal.h"
+#include "park.h"
+
+#include "clock.h"
+#include "futex.h"
+#include "io.h"
+#include "monitor.h"
+#include "rt.h"
+#include "shard.h"
+#include "thread.h"
 
 #include <errno.h>
-#include <linux/futex.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/syscall.h>
-#include <time.h>
-#include <unistd.h>
 
 #define SEARCHING_MASK ((uint64_t)0xffffffffu)
 #define UNPARKED_ONE ((uint64_t)1 << 32)
@@ -59,22 +62,6 @@ static inline uint32_t searching_of(uint64_t st) {
   return (uint32_t)(st & SEARCHING_MASK);
 }
 static inline uint32_t unparked_of(uint64_t st) { return (uint32_t)(st >> 32); }
-
-void weft__futex_wait(_Atomic uint32_t *addr, uint32_t expected) {
-  /* EINTR and EAGAIN (value changed) both just return: callers loop. */
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL,
-          0);
-}
-
-void weft__futex_wait_until(_Atomic uint32_t *addr, uint32_t expected,
-                            uint64_t deadline_ns) {
-  /* FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline: no
-   * relative-time drift between reading the clock and sleeping. */
-  struct timespec ts = {.tv_sec = (time_t)(deadline_ns / 1000000000u),
-                        .tv_nsec = (long)(deadline_ns % 1000000000u)};
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_BITSET_PRIVATE, expected, &ts,
-          NULL, FUTEX_BITSET_MATCH_ANY);
-}
 
 static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
                          uint64_t deadline, bool force);
@@ -104,38 +91,6 @@ void weft__kick(struct weft__shard *sh, uint64_t deadline) {
   else
     wake_started(t, 2);
 }
-
-void weft__futex_wake(_Atomic uint32_t *addr, int n) {
-  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, n, NULL, NULL, 0);
-}
-
-/* How long weft__lock_slow spins before it sleeps: about what a sleep
- * costs the sleeper, a futex wake being 15-50 us late here (the timer
- * spin's figure, docs/design.md), so that a wait costs at most about
- * twice the better of spinning and sleeping. With 1000 timers at 1 ms on
- * 2 threads (2026-12-02, a local histogram) there were ~33k contended
- * takes a second, 96% of them within 2 us. A spin of 100 pauses (2.2 us
- * on this CPU; 0.3-14 us on others) slept ~1,300 times a second, mostly
- * in waits of 4-32 us that then ended late; one of ~20 us slept 47. */
-#define LOCK_SPIN_NS 20000u
-
-/* weft__lock's contended path (the argument is in lock.h). Spins while the
- * holder is likely running, then sleeps with the word at 2. The clock is
- * read once per 32 pauses: a pause takes 3-140 cycles by CPU model. */
-void weft__lock_slow(weft__lock_t *l) {
-  uint64_t until = weft__now_ns() + LOCK_SPIN_NS;
-  for (unsigned i = 1;; i++) {
-    weft__cpu_relax();
-    if (weft__load(&l->word, WA_RLX) == 0 && weft__trylock(l))
-      return;
-    if (!(i & 31) && weft__now_ns() >= until)
-      break;
-  }
-  while (weft__xchg(&l->word, 2, WA_ACQ) != 0)
-    weft__futex_wait(&l->word, 2);
-}
-
-void weft__lock_wake(weft__lock_t *l) { weft__futex_wake(&l->word, 1); }
 
 void weft__idle_init(struct weft__idle *idle, unsigned nthreads) {
   weft__store(&idle->state, (uint64_t)nthreads << 32, WA_RLX);
@@ -251,8 +206,8 @@ static bool work_visible(weft_rt *rt) {
 }
 
 /* Wakes sleepers[0..done_n) by claiming indices, together with every
- * thread it woke: on 2 vCPUs one waker took 0.3 ms for 63 futex wakes,
- * the critical path of a 64-thread shutdown. done_n is written under
+ * thread it woke: one waker alone, making every futex wake, was the
+ * critical path of a many-thread shutdown. done_n is written under
  * idle.lock before the first wake; a woken thread reads it after its
  * acquire load of wake saw the waker's seq_cst store, and the entries
  * below done_n no longer change once done is set (park returns at done
@@ -277,28 +232,22 @@ static void wake_done_share(weft_rt *rt) {
  *    sleeper leaving by itself), so while we hold it, 0 stays 0: no thread
  *    runs a handler, takes from the inject queue or pushes to a ring, and
  *    the rings are empty (a thread parks only with its own ring empty).
- *  - What is left are producers outside the run loop: posts from outside
- *    (foreign_inflight), handlers on threads that lost their shard
- *    (lost_inflight), blocking jobs, open sockets. Each pushes its work
- *    before it stops counting itself, so the inject queue is read last: a
- *    counter read as 0 was decremented after its pushes, which the later
- *    seq_cst load of len then sees, and nobody can have taken them. Among
- *    the counters, one read earlier is either raised by a producer of a
- *    later one only inside that producer's own count (a lost handler
- *    that posts from outside), or it raises the later one before it
- *    drops (weft_blocking from outside counts its job before its post
- *    ends); either way no work slips between two reads.
+ *  - What is left are producers outside the run loop, all counted in one
+ *    word, life.busy (rt.c). Each pushes its work before it drops its
+ *    count, so the inject queue is read after it: busy read as 0 was
+ *    dropped after every such push, which the later seq_cst load of len
+ *    then sees, and nobody can have taken them. A producer counts itself
+ *    before it can drop, so busy never reads 0 while one is counted.
  *  - closing is read first: a post from outside that counts itself after
- *    our read of foreign_inflight then reads closing as 1 and backs out.
- * Reading len first was the bug test_shutdown once hit under TSan: len
- * read 0, a lost handler pushed its strand, woke a sleeper and left, then
- * lost_inflight read 0, and that sleeper ran the strand after done. */
+ *    our read of busy then reads closing as 1 and backs out.
+ * Reading len before the counts was a bug test_shutdown once hit under
+ * TSan: len read 0, a bypassed handler pushed its strand, woke a sleeper
+ * and stopped counting, the count read 0, and that sleeper ran the strand
+ * after done. */
 static bool shutdown_complete_locked(weft_rt *rt, uint64_t state_after) {
-  return weft__load(&rt->closing, WA_SC) && unparked_of(state_after) == 0 &&
-         weft__load(&rt->foreign_inflight, WA_SC) == 0 &&
-         weft__load(&rt->lost_inflight, WA_SC) == 0 &&
-         weft__load(&rt->blocking_inflight, WA_SC) == 0 &&
-         weft__load(&rt->tcp_open, WA_SC) == 0 &&
+  return weft__load(&rt->life.closing, WA_SC) &&
+         unparked_of(state_after) == 0 &&
+         weft__load(&rt->life.busy, WA_SC) == 0 &&
          weft__load(&rt->inject.len, WA_SC) <= 0;
 }
 
@@ -309,15 +258,15 @@ static void declare_done_locked(weft_rt *rt) {
   struct weft__idle *idle = &rt->idle;
   idle->done_n = idle->nsleepers;
   idle->nsleepers = 0;
-  weft__store(&rt->done, 1, WA_SC);
+  weft__store(&rt->life.done, 1, WA_SC);
 }
 
 /* After declare_done_locked, with the lock released: wakes whoever waits
  * for the end, the spares, and the sleepers. */
 static void wake_all_done(weft_rt *rt) {
-  pthread_mutex_lock(&rt->life_lock);
-  pthread_cond_broadcast(&rt->life_cond);
-  pthread_mutex_unlock(&rt->life_lock);
+  pthread_mutex_lock(&rt->life.lock);
+  pthread_cond_broadcast(&rt->life.cond);
+  pthread_mutex_unlock(&rt->life.lock);
   weft__spares_wake_all(rt);
   wake_done_share(rt);
 }
@@ -339,10 +288,10 @@ static bool leave_sleepers(struct weft__idle *idle, struct weft__thread *t) {
  * thread could not be started: after a failed start, parked threads
  * wake for those timers too, and serve them (shard.c). */
 static uint64_t orphans_next(weft_rt *rt, uint64_t deadline) {
-  for (unsigned i = rt->neager; i < rt->nshards; i++) {
+  for (unsigned i = rt->th.neager; i < rt->nshards; i++) {
     if (!weft__load(&rt->shards[i].thread_dormant, WA_ACQ))
       continue;
-    uint64_t next = weft__load(&rt->shards[i].timer_next, WA_SC);
+    uint64_t next = weft__load(&rt->shards[i].tm.next, WA_SC);
     if (next < deadline)
       deadline = next;
   }
@@ -365,8 +314,8 @@ static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
      * reads a sleep_until later than it (or UINT64_MAX: we are reading)
      * and kicks us (weft__kick). */
     weft__store(&t->sleep_until, UINT64_MAX, WA_SC);
-    uint64_t deadline = weft__load(&t->shard->timer_next, WA_SC);
-    if (weft__load(&rt->start_failed, WA_RLX))
+    uint64_t deadline = weft__load(&t->shard->tm.next, WA_SC);
+    if (weft__load(&rt->th.start_failed, WA_RLX))
       deadline = orphans_next(rt, deadline);
     weft__store(&t->sleep_until, deadline, WA_SC);
     if (w == 2 || io_ready ||
@@ -407,7 +356,7 @@ static bool sleep_until_woken(weft_rt *rt, struct weft__thread *t) {
 bool weft__park(weft_rt *rt, struct weft__thread *t) {
   struct weft__idle *idle = &rt->idle;
   pthread_mutex_lock(&idle->lock);
-  if (weft__load(&rt->done, WA_ACQ)) {
+  if (weft__load(&rt->life.done, WA_ACQ)) {
     pthread_mutex_unlock(&idle->lock);
     return false;
   }
@@ -435,7 +384,7 @@ bool weft__park(weft_rt *rt, struct weft__thread *t) {
    * (it read the undo's), so the relaxed load sees it. */
   bool last = was_searching ? searching_of(prev) == 1
                             : searching_of(prev) == 0 &&
-                                  weft__load(&rt->start_failed, WA_RLX);
+                                  weft__load(&rt->th.start_failed, WA_RLX);
   if (last && work_visible(rt))
     weft__notify_parked(rt);
   return weft__park_resume(rt, t);
@@ -445,7 +394,7 @@ bool weft__park_resume(weft_rt *rt, struct weft__thread *t) {
   if (!sleep_until_woken(rt, t))
     return true; /* left the sleepers itself: a timer is due */
   weft__store(&t->wake, 0, WA_RLX);
-  if (weft__load(&rt->done, WA_ACQ)) {
+  if (weft__load(&rt->life.done, WA_ACQ)) {
     wake_done_share(rt);
     return false;
   }
@@ -456,13 +405,10 @@ bool weft__park_resume(weft_rt *rt, struct weft__thread *t) {
    * before this load of m->sleeping (through t->wake), so either the
    * monitor's load of idle.state after its store of sleeping saw the
    * unpark, or this load sees sleeping (monitor.c, the idle sleep).
-   * Woken by the waker right after this thread, on the 2-vCPU guest
-   * (2026-12-02, build/bench/post's wake test, 10 alternating runs),
-   * the posts that found the monitor asleep (about 1 in 100) ran their
-   * handler 1-3.6 ms late: wake p99 0.14-2.7 ms, against 67-118 us with
-   * the nudge here. perf sched showed late ones queued behind their
-   * spinning waker for a whole slice while the other vCPU idled; why the
-   * second wakeup sent them there was not found. */
+   * When the waker made the second wakeup right after this thread's, the
+   * woken thread was often queued behind its spinning waker for a whole
+   * scheduler slice while another CPU idled, and ran milliseconds late
+   * (bench/post's wake test, BENCHMARKS.md). */
   weft__monitor_nudge(rt);
   return true;
 }
@@ -470,7 +416,7 @@ bool weft__park_resume(weft_rt *rt, struct weft__thread *t) {
 void weft__idle_add_dormant(weft_rt *rt) {
   struct weft__idle *idle = &rt->idle;
   /* The highest index at the bottom: pops start the lowest first. */
-  for (unsigned i = rt->nshards; i-- > rt->neager;) {
+  for (unsigned i = rt->nshards; i-- > rt->th.neager;) {
     struct weft__thread *t = &rt->threads[i];
     t->slot_state = WEFT_TH_DORMANT;
     t->lazy = true;
@@ -530,6 +476,24 @@ static struct weft__thread *unpop_dormant(weft_rt *rt, struct weft__thread *t) {
   return next;
 }
 
+/* Creates the thread of a dormant slot; spare_lock held. Any thread may
+ * start one (the one that needs it): the CPU affinity and scheduling
+ * policy are weft_rt_create's caller's, as the eager threads inherit them
+ * (lazy_attr). Where those cannot be given (EPERM: a real-time policy and
+ * a waker without the privilege; EINVAL: the process's cpuset no longer
+ * has those CPUs) the thread inherits the waker's instead. */
+static int create_dormant(weft_rt *rt, struct weft__thread *t) {
+  int err = weft__spawn(&t->tid, &rt->th.lazy_attr, weft__thread_entry, t);
+  if (err == EPERM || err == EINVAL)
+    err = weft__spawn(&t->tid, &rt->th.attr, weft__thread_entry, t);
+  if (err)
+    return -err;
+  t->slot_state = WEFT_TH_LIVE;
+  weft__store(&t->dormant, 0, WA_REL);
+  weft__store(&t->shard->thread_dormant, 0, WA_REL);
+  return 0;
+}
+
 /* Starts dormant t for a pop (why 1) or a kick (why 2). The decision is
  * taken under spare_lock, where the slot's state changes: two wakers
  * never both start it, and a failed start is undone before another waker
@@ -545,9 +509,9 @@ static struct weft__thread *unpop_dormant(weft_rt *rt, struct weft__thread *t) {
  * a state published before the tid could be joined unwritten. */
 static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
                          uint64_t deadline, bool force) {
-  pthread_mutex_lock(&rt->spare_lock);
+  pthread_mutex_lock(&rt->th.spare_lock);
   if (t->slot_state != WEFT_TH_DORMANT) {
-    pthread_mutex_unlock(&rt->spare_lock);
+    pthread_mutex_unlock(&rt->th.spare_lock);
     wake_started(t, why); /* started meanwhile */
     return;
   }
@@ -556,23 +520,23 @@ static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
     weft__store(&t->wake, why, WA_SC);
   int err = 0;
   uint64_t now = weft__now_ns();
-  if (weft__load(&rt->done, WA_ACQ)) {
+  if (weft__load(&rt->life.done, WA_ACQ)) {
     /* nobody needs it: err stays 0 and it stays dormant */
   } else if (!force && now < t->retry_ns) {
     err = -EAGAIN; /* failed a moment ago: not again yet */
-  } else if ((err = weft__thread_create_dormant(rt, t)) != 0) {
-    weft__fetch_add(&rt->thread_start_errors, 1, WA_RLX);
+  } else if ((err = create_dormant(rt, t)) != 0) {
+    weft__fetch_add(&rt->th.start_errors, 1, WA_RLX);
     t->retry_ns = now + START_RETRY_NS;
   }
   struct weft__thread *next = NULL;
   if (err) {
-    weft__store(&rt->start_failed, 1, WA_RLX);
+    weft__store(&rt->th.start_failed, 1, WA_RLX);
     /* why is 1 exactly when wake is: a pop stores 1 only here. */
     if (why == 1)
       next = unpop_dormant(rt, t);
     weft__store(&t->wake, 0, WA_RLX);
   }
-  pthread_mutex_unlock(&rt->spare_lock);
+  pthread_mutex_unlock(&rt->th.spare_lock);
   if (err && why == 2)
     kick_sleepers(rt, deadline);
   if (next)
@@ -580,18 +544,18 @@ static void wake_dormant(weft_rt *rt, struct weft__thread *t, uint32_t why,
 }
 
 int weft__start_dormant_all(weft_rt *rt) {
-  if (rt->neager == rt->nshards || weft__load(&rt->all_started, WA_ACQ))
+  if (rt->th.neager == rt->nshards || weft__load(&rt->th.all_started, WA_ACQ))
     return 0;
   int r = 0;
-  for (unsigned i = rt->neager; i < rt->nshards; i++) {
+  for (unsigned i = rt->th.neager; i < rt->nshards; i++) {
     /* While the flag is 1, threads[i] is the shard's dormant slot. */
     _Atomic uint32_t *d = &rt->shards[i].thread_dormant;
     if (weft__load(d, WA_ACQ))
       wake_dormant(rt, &rt->threads[i], 2, 0, true);
-    if (weft__load(d, WA_ACQ) && !weft__load(&rt->done, WA_ACQ))
+    if (weft__load(d, WA_ACQ) && !weft__load(&rt->life.done, WA_ACQ))
       r = -EAGAIN;
   }
   if (!r)
-    weft__store(&rt->all_started, 1, WA_REL);
+    weft__store(&rt->th.all_started, 1, WA_REL);
   return r;
 }

@@ -1,5 +1,5 @@
 /*
- * pool.c - fixed-size object pools for strands and handler nodes.
+ * pool.c - fixed-size object pools (pool.h). Owns the slabs.
  *
  * Objects are carved from slabs that live until the runtime is destroyed,
  * so a strand the user never released is still freed then. Each shard has a
@@ -16,12 +16,10 @@
  * thread other than the one that allocated it (a node is posted on one
  * shard and run on another), so its neighbours in a slab soon belong to
  * different threads' caches; two objects in one line then make every
- * write to either a transfer between CPUs. With the 40-byte node rounded
- * to 48, two self-posting strands on two workers ran 4x slower per handler
- * in a test program than with 64, bench/post's pair 2x (BENCHMARKS.md,
- * "Handler nodes of whole cache lines").
+ * write to either a transfer between CPUs (bench/post's pair_run_ns: two
+ * self-posting strands on two workers).
  */
-#include "internal.h"
+#include "pool.h"
 
 #include <errno.h>
 #include <stdlib.h>

@@ -1,7 +1,7 @@
 /*
  * runq.c - the per-shard run queue (a bounded ring with work stealing) and
- * the runtime-wide inject queue. Owns no memory: both live inside the
- * runtime's shard and runtime structs.
+ * the runtime-wide inject queue (runq.h). Owns no memory: both live inside
+ * the runtime's shard and runtime structs.
  *
  * Run queue: head and tail are 64-bit counters that only grow; an item
  * lives in slot[index % CAP]. Only the owner writes tail; head moves only
@@ -27,7 +27,7 @@
  * sees "nothing yet" and comes back later (len stays > 0, so nobody parks
  * for good on it; see park.c).
  */
-#include "internal.h"
+#include "runq.h"
 
 static inline struct weft__link *link_of(uintptr_t it) {
   return (struct weft__link *)(it & ~WEFT_ITEM_NODE);

@@ -39,7 +39,11 @@
  * it while the strand still exists, and WEFT_DEBUG builds never reuse a
  * strand's memory so the check keeps working after reclaim.
  */
-#include "internal.h"
+#include "strand.h"
+
+#include "clock.h"
+#include "rt.h"
+#include "shard.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -57,11 +61,11 @@ static inline struct weft__node *node_next(struct weft__node *n) {
 }
 
 static struct weft__pool_cache *node_cache(struct weft__shard *sh) {
-  return sh ? &sh->node_cache : NULL;
+  return sh ? &sh->cache.node : NULL;
 }
 
 /* After a node ran, while the strand is still ours: its owner (a socket,
- * tcp.c) cannot be freed and reused before a later node of this strand
+ * sock.c) cannot be freed and reused before a later node of this strand
  * runs. Once the strand is given up, use node_release with the flag read
  * before. */
 static inline void node_free(weft_rt *rt, struct weft__pool_cache *nc,
@@ -79,12 +83,12 @@ static inline void node_release(weft_rt *rt, struct weft__pool_cache *nc,
 int weft_strand_create(weft_rt *rt, weft_strand **out) {
   if (!rt || !out)
     return -EINVAL;
-  if (weft__load(&rt->closing, WA_ACQ))
+  if (weft__load(&rt->life.closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__shard *home = &rt->shards[weft__home_pick(rt, sh)];
   weft_strand *s = weft__pool_alloc(&home->strand_pool,
-                                    sh == home ? &sh->strand_cache : NULL);
+                                    sh == home ? &sh->cache.strand : NULL);
   if (!s) {
     weft__local_end(sh);
     return -ENOMEM;
@@ -98,9 +102,9 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   s->magic = WEFT_STRAND_MAGIC;
   s->self_released = false;
   if (sh)
-    weft__stat_add(&sh->st_strands_created, 1);
+    weft__stat_add(&sh->st.strands_created, 1);
   else
-    weft__fetch_add(&rt->foreign_strands_created, 1, WA_RLX);
+    weft__fetch_add(&rt->outside.strands_created, 1, WA_RLX);
   weft__local_end(sh);
   *out = s;
   return 0;
@@ -112,12 +116,12 @@ static void strand_reclaim(weft_strand *s) {
   struct weft__shard *sh = weft__local_begin(rt);
   s->magic = WEFT_STRAND_DEAD;
   if (sh)
-    weft__stat_add(&sh->st_strands_freed, 1);
+    weft__stat_add(&sh->st.strands_freed, 1);
   else
-    weft__fetch_add(&rt->foreign_strands_freed, 1, WA_RLX);
+    weft__fetch_add(&rt->outside.strands_freed, 1, WA_RLX);
 #ifndef WEFT_DEBUG
   struct weft__shard *home = &rt->shards[s->home];
-  weft__pool_free(&home->strand_pool, sh == home ? &sh->strand_cache : NULL, s);
+  weft__pool_free(&home->strand_pool, sh == home ? &sh->cache.strand : NULL, s);
 #endif
   weft__local_end(sh);
 }
@@ -127,7 +131,7 @@ void weft_strand_release(weft_strand *s) {
     return;
   /* A load and a store, not an exchange: two racing releases are a bug
    * this cannot catch anyway; a sequential double release it does catch. */
-  if (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC) {
+  if (!weft__strand_live(s)) {
     fprintf(stderr, "weft: weft_strand_release(%p): strand already released\n",
             (void *)s);
     return;
@@ -152,8 +156,8 @@ void weft_strand_release(weft_strand *s) {
   }
 }
 
-void weft__strand_push(weft_strand *s, struct weft__shard *local,
-                       struct weft__node *n, bool prio) {
+static void strand_push(weft_strand *s, struct weft__shard *local,
+                        struct weft__node *n, bool prio) {
   weft__store(&n->link.next, 0, WA_RLX);
   uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
   if (prev == 0) {
@@ -169,59 +173,60 @@ void weft__strand_push(weft_strand *s, struct weft__shard *local,
   }
 }
 
-/* The common part of every post: where it is posted from (the calling
- * thread's shard, leased, or outside: counted in flight), the shutdown
- * check and the node. On success post_end must follow. */
-static int post_begin(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg,
-                      struct weft__shard **shp, struct weft__node **np) {
+struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
+                                  weft_fn fn, weft_fn cancel, void *arg) {
+  struct weft__node *n = weft__pool_alloc(&rt->node_pool, node_cache(local));
+  if (n) {
+    n->fn = fn;
+    n->cancel = cancel;
+    n->arg = arg;
+    n->embedded = 0;
+  }
+  return n;
+}
+
+void weft__node_post(weft_rt *rt, struct weft__shard *local, weft_strand *s,
+                     struct weft__node *n, bool prio) {
+  if (s)
+    strand_push(s, local, n, prio);
+  else if (prio)
+    weft__schedule_prio(rt, local, (weft__item)n | WEFT_ITEM_NODE);
+  else
+    weft__schedule(rt, local, (weft__item)n | WEFT_ITEM_NODE);
+}
+
+/* Every post: from the calling thread's shard (leased for the call), or
+ * from outside, counted as work outside the run loop until queued, so that
+ * a shutdown either refuses it or waits for it (rt.c). s NULL: any worker.
+ * rt is the caller's copy: once pushed, the handler may run, end with a
+ * release of s, and s be reused before the post returns. */
+static int post(weft_rt *rt, weft_strand *s, weft_fn fn, weft_fn cancel,
+                void *arg) {
   struct weft__shard *sh = weft__local_begin(rt);
   int r = 0;
   if (!sh)
-    r = weft__foreign_enter(rt);
-  else if (weft__load(&rt->closing, WA_RLX))
+    r = weft__busy_enter(rt);
+  else if (weft__load(&rt->life.closing, WA_RLX))
     r = -ESHUTDOWN;
-  struct weft__node *n =
-      r ? NULL : weft__pool_alloc(&rt->node_pool, node_cache(sh));
-  if (!r && !n) {
-    r = -ENOMEM;
+  if (!r) {
+    struct weft__node *n = weft__node_new(rt, sh, fn, cancel, arg);
+    if (n)
+      weft__node_post(rt, sh, s, n, false);
+    else
+      r = -ENOMEM;
     if (!sh)
-      weft__foreign_exit(rt);
+      weft__busy_drop(rt, 1);
   }
-  if (r) {
-    weft__local_end(sh);
-    return r;
-  }
-  n->fn = fn;
-  n->cancel = cancel;
-  n->arg = arg;
-  n->embedded = 0;
-  *shp = sh;
-  *np = n;
-  return 0;
-}
-
-static void post_end(weft_rt *rt, struct weft__shard *sh) {
-  if (!sh)
-    weft__foreign_exit(rt);
   weft__local_end(sh);
+  return r;
 }
 
 int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   if (!s || !fn)
     return -EINVAL;
-  if (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC)
+  if (!weft__strand_live(s))
     return -EBADF;
-  /* rt read now: once pushed, the handler may run, end with a release of
-   * s, and s be reused before post_end. */
-  weft_rt *rt = s->rt;
-  struct weft__shard *sh;
-  struct weft__node *n;
-  int r = post_begin(rt, fn, cancel, arg, &sh, &n);
-  if (r)
-    return r;
-  weft__strand_push(s, sh, n, false);
-  post_end(rt, sh);
-  return 0;
+  return post(s->rt, s, fn, cancel, arg);
 }
 
 int weft_post(weft_strand *s, weft_fn fn, void *arg) {
@@ -231,14 +236,7 @@ int weft_post(weft_strand *s, weft_fn fn, void *arg) {
 int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg) {
   if (!rt || !fn)
     return -EINVAL;
-  struct weft__shard *sh;
-  struct weft__node *n;
-  int r = post_begin(rt, fn, cancel, arg, &sh, &n);
-  if (r)
-    return r;
-  weft__schedule(rt, sh, (weft__item)n | WEFT_ITEM_NODE);
-  post_end(rt, sh);
-  return 0;
+  return post(rt, NULL, fn, cancel, arg);
 }
 
 int weft_post_rt(weft_rt *rt, weft_fn fn, void *arg) {
@@ -247,7 +245,7 @@ int weft_post_rt(weft_rt *rt, weft_fn fn, void *arg) {
 
 /* Runs or cancels one node; returns 1 if it ran, 0 if it was cancelled. */
 static inline int invoke(weft_rt *rt, struct weft__node *n) {
-  if (__builtin_expect(weft__load(&rt->cancelling, WA_RLX) != 0, 0)) {
+  if (__builtin_expect(weft__load(&rt->life.cancelling, WA_RLX) != 0, 0)) {
     if (n->cancel)
       n->cancel(n->arg);
     return 0;
@@ -263,15 +261,15 @@ static inline int invoke(weft_rt *rt, struct weft__node *n) {
 static void count(weft_rt *rt, struct weft__shard *sh, int ran) {
   if (sh) {
     if (ran)
-      weft__stat_add(&sh->st_handlers_run, 1);
+      weft__stat_add(&sh->st.handlers_run, 1);
     else
-      weft__stat_add(&sh->st_handlers_cancelled, 1);
+      weft__stat_add(&sh->st.handlers_cancelled, 1);
     return;
   }
-  weft__fetch_add(ran ? &rt->orphan_handlers_run
-                      : &rt->orphan_handlers_cancelled,
+  weft__fetch_add(ran ? &rt->outside.handlers_run
+                      : &rt->outside.handlers_cancelled,
                   1, WA_RLX);
-  weft__lost_done(rt);
+  weft__busy_drop(rt, 1); /* counted by the handoff (monitor.c) */
 }
 
 void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
@@ -288,7 +286,7 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
  * armed timer. Checked every 4 handlers of a turn, so a busy strand delays
  * a timer by a few handlers rather than by its whole batch. */
 static bool timer_due(struct weft__shard *sh) {
-  uint64_t next = weft__load(&sh->timer_next, WA_RLX);
+  uint64_t next = weft__load(&sh->tm.next, WA_RLX);
   return next != UINT64_MAX && weft__now_ns() >= next;
 }
 
@@ -316,10 +314,10 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       weft__schedule(rt, sh, (weft__item)s);
       return;
     }
-    node_free(rt, &sh->node_cache, s->ran);
+    node_free(rt, &sh->cache.node, s->ran);
     s->ran = NULL;
   }
-  weft__stat_add(&sh->st_strands_run, 1);
+  weft__stat_add(&sh->st.strands_run, 1);
   weft__set_current_strand(s);
   int lost_ran = -1;
   for (;;) {

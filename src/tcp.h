@@ -1,73 +1,31 @@
 /*
- * tcp.h - the socket object shared by connections (tcp.c) and listeners
- * (listen.c). Internal.
+ * tcp.h, tcp.c - TCP connections: a socket (sock.h) with a connection's
+ * state: creation (connect, accept), the strand handler's state machine,
+ * writes (queue, partial sends, backpressure), connecting with a timeout,
+ * half-close, close, and the public weft_tcp_* calls. Receiving is
+ * tcp_recv.c's, options and addresses tcp_opt.c's.
  *
- * A socket's state is touched only on its strand, with two exceptions: the
- * event word `ev`, which the backends' reapers, weft_tcp_close from other
- * threads and the shutdown sweep update by CAS, and the fields of io_uring's
- * multishot receive that its reaper writes or reads (rin, rheld, mcancel,
- * mclosing, m_armer, mres: tcp_recv.c has their argument). ev packs the
- * socket's generation (high 32 bits) and event bits (low 32 bits), one of
- * which, EV_QUEUED, says that one of the socket's two embedded nodes is queued
- * on its strand. The protocol (bit-test-and-set, writing only on change):
- *   signal:  CAS ev: cur -> cur | bits | EV_QUEUED, unless the generation
- *            differs (a stale epoll event: dropped) or every bit is already
- *            set with EV_QUEUED (nothing changes: no write at all). The
- *            signaller that turned EV_QUEUED on pushes node[post_idx].
- *   run:     (on the strand) post_idx ^= 1, then fetch_and clears every low
- *            bit (acq_rel) and handles the bits it read.
- * So at most one node of a socket is queued at any time, no bit is lost (a
- * bit set after the clear is either seen by a later run or it queued one),
- * and a node is never pushed while its previous run is still in progress:
- * the node pushed after a run cleared EV_QUEUED is the other one, and the
- * run before it (which used that one) had finished, since one strand runs
- * one node at a time. post_idx is written by the run before its release
- * RMW on ev and read by the signaller after its acquire CAS.
- *
- * io_uring results: the reaper stores rres or wres, then signals (release);
- * the strand reads them after its acquire.
- *
- * Memory: sockets come from a runtime pool whose slabs live until the
- * runtime is destroyed; the pool overwrites only the first 16 bytes of a
- * free object (node[0]), so ev and its generation survive a free. Freeing
- * bumps the generation by CAS, only while EV_QUEUED is clear.
+ * Everything here is touched only on the connection's strand, but `ev`
+ * (sock.h) and what the io_uring reaper shares with the strand for a
+ * multishot receive (rin, rheld, mcancel, mclosing, m_armer: tcp_recv.c
+ * has their argument).
  */
 #ifndef WEFT_TCP_H
 #define WEFT_TCP_H
 
-#include "internal.h"
+#include "sock.h"
 
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-#define EV_QUEUED (1u << 0)
-#define EV_IN (1u << 1)       /* epoll: readable, hang-up or error */
-#define EV_OUT (1u << 2)      /* epoll: writable, hang-up or error */
-#define EV_RDONE (1u << 3)    /* uring: read, accept or connect completed */
-#define EV_WDONE (1u << 4)    /* uring: send completed */
-#define EV_KICK (1u << 5)     /* run the state machine again */
-#define EV_CLOSE (1u << 6)    /* weft_tcp_close / weft_listener_close */
-#define EV_SHUTDOWN (1u << 7) /* the runtime shuts down */
-#define EV_ACCEPTED (1u << 8) /* deliver the accept callback */
-#define EV_CONNECT (1u << 9)  /* start connecting */
-#define EV_HUP (1u << 10)     /* epoll: peer closed its side, or an error */
-#define EV_RDATA (1u << 11)   /* uring: a multishot receive pushed data */
-#define EV_RMEND (1u << 12)   /* uring: a multishot receive ended */
-#define EV_LOW 0xffffffffull
-
-/* a tag for events that need no generation check */
-#define WEFT_GEN_ANY UINT32_MAX
-
-enum { SK_CONN = 0, SK_LISTEN = 1 };
-/* state: only forward */
-enum {
-  ST_NEW = 0,    /* accepted, callback not yet delivered */
-  ST_CONNECTING, /* weft_tcp_connect: not connected yet */
-  ST_OPEN,       /* connected */
-  ST_CLOSING,    /* closing: waiting for operations in the kernel */
-  ST_CLOSED,     /* descriptor closed; the user has not closed yet */
-  ST_DONE        /* close callback delivered; freed when no node queued */
-};
+/* A connection's own event bits (sock.h has the shared ones). */
+#define EV_RDONE (EV_KIND << 0)    /* uring: a one-shot receive completed */
+#define EV_WDONE (EV_KIND << 1)    /* uring: a send completed */
+#define EV_CDONE (EV_KIND << 2)    /* uring: the connect completed */
+#define EV_RDATA (EV_KIND << 3)    /* uring: a multishot receive pushed data */
+#define EV_RMEND (EV_KIND << 4)    /* uring: a multishot receive ended */
+#define EV_ACCEPTED (EV_KIND << 5) /* deliver the accept callback */
+#define EV_CONNECT (EV_KIND << 6)  /* start connecting */
 
 #define WEFT_SEND_IOV 64
 
@@ -82,39 +40,49 @@ struct weft__wreq {
   struct iovec inl[2];
 };
 
-struct weft_listener;
+/* The queue's unsent bytes gathered for one send: held only while a send
+ * is in the kernel (io_uring reads msg and iov until it completes); from
+ * the runtime's send pool. */
+struct weft__sendbuf {
+  struct msghdr msg;
+  size_t bytes; /* gathered into msg */
+  struct iovec iov[WEFT_SEND_IOV];
+};
 
-struct weft__sock {
-  struct weft__node node[2]; /* node[0] first: the pool may overwrite it */
-  _Atomic uint64_t ev;       /* see the top of this file */
-  unsigned post_idx;
-  uint32_t gen;
-  int fd;
-  uint8_t kind, state;
-  bool own_strand, user_closed, abortive, timed_out;
+/* weft_tcp_connect's request, until the connect callback. */
+struct weft__connect {
+  weft_connect_fn fn;
+  void *arg;
+  weft_timer *timer; /* the timeout, if any */
+  uint64_t timeout_ns;
+  bool timed_out;
+  unsigned addrlen;
+  struct sockaddr_storage addr;
+};
+
+struct weft__conn {
+  struct weft__sock s;
+  bool user_closed, abortive;
   bool readable, writable; /* epoll: edge seen, EAGAIN not yet */
   bool hup;                /* epoll: EOF or error queued: reads never wait */
+  /* rd_inflight: a one-shot receive, or the connect, is in the kernel */
   bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
-  bool free_pending;
   bool rd_short;     /* uring: the last receive drained the socket */
   bool rd_pollfirst; /* uring: the receive in flight waits for data first */
-  int err;           /* sticky write error, 0 if none */
-  weft_rt *rt;
-  weft_strand *strand;
-  struct weft__shard *reg; /* the registry holding it (its tcp_lock) */
-  struct weft__sock *rnext, *rprev;
+  /* uring's multishot receive (tcp_recv.c): rd_multi while one is in the
+   * kernel; rq: buffers taken from rin, unread; rd_term: end of file or
+   * error to deliver once rq is read (rd_term_set) */
+  bool rd_multi, rd_nobufs, rd_term_set, in_pump;
+  bool wr_inline_busy;
+  int err;            /* sticky write error, 0 if none */
   int32_t rres, wres; /* uring: results of the ops in the kernel */
+  int32_t mres;       /* the multishot's end, written by the reaper */
+  int32_t rd_term;
   /* read */
   void *rbuf;
   size_t rlen;
   weft_read_fn rfn;
   void *rarg;
-  /* uring's multishot receive (tcp_recv.c): rd_multi while one is in the
-   * kernel; rq: buffers taken from rin, unread; rd_term: end of file or
-   * error to deliver once rq is read (rd_term_set) */
-  bool rd_multi, rd_nobufs, rd_term_set, in_pump;
-  int32_t mres; /* its end, written by the reaper before EV_RMEND */
-  int32_t rd_term;
   struct weft__rbuf *rq_head, *rq_tail;
   _Atomic(struct weft__rbuf *) rin;       /* pushed by the reaper */
   _Atomic uint32_t rheld;                 /* pushed and not yet handed back */
@@ -125,82 +93,32 @@ struct weft__sock {
   /* writes: queue, completed ones (callbacks due), backpressure */
   struct weft__wreq *wq_head, *wq_tail, *done_head, *done_tail;
   struct weft__wreq wr_inline;
-  bool wr_inline_busy;
   size_t queued, low, high;
   weft_drain_fn dfn;
   void *darg;
-  struct msghdr msg; /* uring: the send in the kernel */
-  size_t msg_bytes;  /* bytes gathered into msg */
-  struct iovec siov[WEFT_SEND_IOV];
-  /* connect, or accept delivery */
-  weft_connect_fn cfn;
-  void *carg;
-  weft_timer *timer; /* connect timeout; listener: accept backoff */
-  uint64_t timeout_ns;
-  struct sockaddr_storage addr;
-  unsigned addrlen;
-  weft_accept_fn afn;
-  void *aarg;
+  struct weft__sendbuf *sb; /* uring: the send in the kernel, if any */
   /* close: close_req is set once by weft_tcp_close (any thread) */
   _Atomic uint32_t close_req;
   weft_close_fn clfn;
   void *clarg;
-  /* listener sockets; an accepted connection until its accept callback */
-  struct weft_listener *lst;
-  uint64_t backoff_ns;
-  bool paused;
-  bool at_limit; /* the last accept burst ran out of descriptors */
-  bool acc_more; /* the ring accept's completion: more connections wait */
-  struct weft__sq_hold acc_hold; /* its share of lst->active */
+  struct weft__connect *cn;  /* connecting: the request */
+  struct weft_listener *lst; /* accepted: until its accept callback */
 };
 
-/* tcp.c, used by listen.c */
-struct weft__sock *weft__sock_new(weft_rt *rt, int fd, int kind,
-                                  weft_strand *strand);
-/* Publishes s (every field set before this call), registers it for the
- * shutdown sweep and with its home shard's epoll set; -ESHUTDOWN once the
- * runtime shuts down. */
-int weft__sock_register(struct weft__sock *s, unsigned home);
-/* Frees a socket that was never registered or never seen by the user. */
-void weft__sock_discard(struct weft__sock *s);
-/* From the socket's strand: run its state machine again soon. */
-void weft__sock_kick(struct weft__sock *s);
-void weft__sock_close_fd(struct weft__sock *s);
-/* Frees s (on its strand) once no node of it is queued. */
-void weft__sock_free(struct weft__sock *s);
-bool weft__on_strand(const struct weft__sock *s);
-void weft__conn_accepted(struct weft__sock *lsock, int fd);
+static inline struct weft__conn *weft__conn_of(const weft_tcp *c) {
+  return (struct weft__conn *)c;
+}
 
-/* The checks and choices connect and listen share. */
+/* The runtime's side: the pools at create and destroy. */
+void weft__tcp_init(weft_rt *rt);
+void weft__tcp_destroy(weft_rt *rt);
+/* A connection accepted on listener l with descriptor fd; its accept
+ * callback comes on its own strand (listen.c). */
+void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd);
+/* The checks and choices connect and listen share: the address, the
+ * backend, the runtime's state (and setting up the backends); a socket of
+ * the address's family that the backend can serve. */
 int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen);
 int weft__tcp_socket(weft_rt *rt, int family);
-unsigned weft__tcp_home(weft_rt *rt);
-
-/* tcp_recv.c: a read's completion; the receive state machine's steps
- * from the strand handler (run: when open), weft_tcp_read (start), the
- * completion of a one-shot (completed) and the end of a multishot (ended);
- * whether a receive is in the kernel; closing. */
-void weft__recv_done(struct weft__sock *s, long n);
-void weft__recv_run(struct weft__sock *s);
-void weft__recv_start(struct weft__sock *s);
-void weft__recv_completed(struct weft__sock *s);
-void weft__recv_ended(struct weft__sock *s);
-bool weft__recv_busy(const struct weft__sock *s);
-void weft__recv_closing(struct weft__sock *s);
-void weft__recv_cancel(struct weft__sock *s);
-bool weft__recv_cancel_local(struct weft__sock *s);
-void weft__recv_release(struct weft__sock *s);
-
-/* listen.c: an accepted connection not yet delivered counts as an item
- * of its listener (weft_listener_close's done waits for it) */
-void weft__listener_hold(struct weft_listener *l);
-void weft__listener_delivered(struct weft_listener *l);
-/* listen.c, for tests: shards accepting without limit_lock now, ring
- * accepts not yet entered included (0 once the listener is quiet) */
-uint32_t weft__listener_active(const struct weft_listener *l);
-/* listen.c: the strand handler; the reaper's side of a ring accept */
-void weft__lsock_run(struct weft__sock *s, uint32_t bits);
-void weft__lsock_accepted(struct weft__shard *local, struct weft__sock *s,
-                          int32_t res, uint32_t flags);
 
 #endif

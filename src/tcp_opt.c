@@ -1,9 +1,8 @@
 /*
  * tcp_opt.c - what a connection tells and what can be set on it: socket
- * options (nodelay, keepalive), its strand, its local and peer addresses,
- * and which backend the runtime's sockets use. Owns nothing: every call
- * reads or sets the descriptor of a struct weft__sock (tcp.c), on its
- * strand like every other operation on a connection.
+ * options (nodelay, keepalive), its strand, its local and peer addresses.
+ * Owns nothing: every call reads or sets the descriptor of a connection
+ * (tcp.h), on its strand like every other operation on a connection.
  */
 #include "tcp.h"
 
@@ -13,10 +12,10 @@
 #include <sys/socket.h>
 
 static int sockopt(weft_tcp *c, int level, int name, int val) {
-  struct weft__sock *s = (struct weft__sock *)c;
+  struct weft__sock *s = c ? &weft__conn_of(c)->s : NULL;
   if (!s || s->kind != SK_CONN)
     return -EINVAL;
-  if (!weft__on_strand(s))
+  if (!weft__sock_on_strand(s))
     return -EPERM;
   if (s->fd < 0)
     return -EBADF;
@@ -39,15 +38,15 @@ int weft_tcp_keepalive(weft_tcp *c, int on, unsigned idle_s) {
 }
 
 weft_strand *weft_tcp_strand(const weft_tcp *c) {
-  return c ? ((const struct weft__sock *)c)->strand : NULL;
+  return c ? weft__conn_of(c)->s.strand : NULL;
 }
 
 static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
                    bool peer) {
-  struct weft__sock *s = (struct weft__sock *)c;
+  struct weft__sock *s = c ? &weft__conn_of(c)->s : NULL;
   if (!s || !addr || !addrlen || s->kind != SK_CONN)
     return -EINVAL;
-  if (!weft__on_strand(s))
+  if (!weft__sock_on_strand(s))
     return -EPERM;
   if (s->fd < 0)
     return -EBADF;
@@ -66,10 +65,4 @@ int weft_tcp_local_addr(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen) {
 
 int weft_tcp_peer_addr(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen) {
   return addr_of(c, addr, addrlen, true);
-}
-
-int weft_rt_backend(const weft_rt *rt) { return rt ? rt->backend : -EINVAL; }
-
-const char *weft_rt_backend_name(const weft_rt *rt) {
-  return rt ? weft__backend_name(rt->backend) : "none";
 }

@@ -1,15 +1,15 @@
 /*
- * tcp_recv.c - receiving on a connection, both backends: epoll's
- * non-blocking reads on readiness, io_uring's multishot receive into the
- * shard's provided buffers (io_bufring.c), and io_uring's one-shot receive
- * into the reader's buffer where there are no provided buffers. Owns the
- * socket's receive state in struct weft__sock (tcp.h).
+ * tcp_recv.c - receiving on a connection, both kinds of backend: reads on
+ * readiness (epoll), a multishot receive into the shard's provided buffers
+ * (io_uring: io_bufring.c), and a one-shot receive into the reader's
+ * buffer where there are no provided buffers (tcp_recv.h). Owns the
+ * connection's receive state in struct weft__conn (tcp.h).
  *
  * io_uring, multishot: one receive stays armed for as long as the socket
  * is read. Each completion names a buffer of the ring it was submitted to;
  * the reaper (the thread holding that ring) pushes it on the socket's
  * `rin` stack and signals EV_RDATA, or EV_RMEND when the receive ended
- * (no IORING_CQE_F_MORE). The strand takes the stack, in order, into its
+ * (no WEFT_CQE_MORE). The strand takes the stack, in order, into its
  * own queue, copies from it into the reader's buffer and hands each
  * buffer back once read. A receive ends by itself at end of file, on an
  * error, on -ENOBUFS (the ring was empty), at a CQ overflow, when its
@@ -44,119 +44,99 @@
  * tick if it is computing, and not before it leaves the call if it sleeps
  * uninterruptibly. epoll has no such limit.
  */
-#include "tcp.h"
+#include "tcp_recv.h"
+
+#include "io.h"
+#include "thread.h"
 
 #include <errno.h>
-#include <liburing.h>
 #include <string.h>
 #include <sys/socket.h>
 
 #define RHELD_CAP 8u
 #define MRES_MORE 1 /* mres: it ended after delivering data, no error */
 
-void weft__recv_done(struct weft__sock *s, long n) {
-  s->reading = false;
-  weft_read_fn fn = s->rfn;
-  s->rfn = NULL;
-  fn(s->rarg, (weft_tcp *)s, n);
+void weft__recv_done(struct weft__conn *c, long n) {
+  c->reading = false;
+  weft_read_fn fn = c->rfn;
+  c->rfn = NULL;
+  fn(c->rarg, (weft_tcp *)c, n);
 }
 
 /* ---- the reaper's side ----------------------------------------------------
  */
 
-/* once: only the first call for this receive cancels, unless !once */
-static void cancel_multishot(struct weft__io *io, uint64_t ud,
-                             struct weft__sock *s, bool once) {
-  if (weft__xchg(&s->mcancel, 1, WA_RLX) && once)
+/* once: only the first call for this receive cancels, unless !once. At
+ * once, not with the next batch: the receive goes on filling buffers until
+ * the kernel has seen the cancel. */
+static void cancel_multishot(struct weft__shard *local, struct weft__conn *c,
+                             bool once) {
+  if (weft__xchg(&c->mcancel, 1, WA_RLX) && once)
     return;
-  /* Not weft__uring_sqe: a full SQ would submit, and submitting may reap. */
-  struct io_uring_sqe *sqe = io_uring_get_sqe(io->ring);
-  if (!sqe) {
-    weft__store(&s->mcancel, 0, WA_RLX); /* the next completion retries */
-    return;
-  }
-  io_uring_prep_cancel64(sqe, ud, 0);
-  io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
-  io->unsubmitted++;
-  /* At once, not with the next batch: the receive goes on filling buffers
-   * until the kernel has seen the cancel. Entering does not touch the CQ
-   * that the caller is walking (the walk rereads its tail). Errors leave
-   * the entries for the next submit. */
-  (void)io_uring_submit(io->ring);
-  weft__uring_entered(io);
+  if (weft__io_cancel(local, &c->s.ioh, WEFT_OP_RECVM, true) != 0)
+    weft__store(&c->mcancel, 0, WA_RLX); /* the next completion retries */
 }
 
-void weft__sock_recvm(struct weft__io *io, uint64_t ud, int32_t res,
-                      uint32_t flags) {
-  struct weft__sock *s =
-      (struct weft__sock *)(uintptr_t)(ud & ~(uint64_t)WEFT_OP_MASK);
+void weft__recv_multishot_done(struct weft__shard *local, struct weft__conn *c,
+                               const struct weft__cqe *cqe) {
   uint64_t bits = 0;
   uint32_t held = 0;
-  if (flags & IORING_CQE_F_BUFFER) {
-    struct weft__rbuf *b =
-        weft__bufring_get(io, flags >> IORING_CQE_BUFFER_SHIFT);
-    if (b && res > 0) {
-      weft__stat_add(&io->st_rbuf_out, 1);
-      b->len = (uint32_t)res;
-      b->off = 0;
-      /* before the push: the strand's decrement follows its take */
-      held = weft__fetch_add(&s->rheld, 1, WA_RLX) + 1;
-      weft__rbuf_push(&s->rin, b);
-      bits |= EV_RDATA;
-    } else if (b) {
-      weft__bufring_give(io, b); /* no data in it: straight back */
-    }
+  if (cqe->buf) {
+    /* before the push: the strand's decrement follows its take */
+    held = weft__fetch_add(&c->rheld, 1, WA_RLX) + 1;
+    weft__rbuf_push(&c->rin, cqe->buf);
+    bits |= EV_RDATA;
   }
-  if (!(flags & IORING_CQE_F_MORE)) {
-    s->mres = res > 0 ? MRES_MORE : res;
+  if (!(cqe->flags & WEFT_CQE_MORE)) {
+    c->mres = cqe->res > 0 ? MRES_MORE : cqe->res;
     bits |= EV_RMEND;
-  } else if (weft__load(&s->mclosing, WA_ACQ)) {
-    cancel_multishot(io, ud, s, false); /* see weft__recv_closing */
+  } else if (weft__load(&c->mclosing, WA_ACQ)) {
+    cancel_multishot(local, c, false); /* see weft__recv_closing */
   } else if (held >= RHELD_CAP ||
-             weft__load(&s->m_armer, WA_RLX) != weft__self()) {
+             weft__load(&c->m_armer, WA_RLX) != weft__self()) {
     /* Too much unread, or its submitter no longer holds this ring's
      * shard (the monitor handed it on): the next one is armed by a
      * thread that does. */
-    cancel_multishot(io, ud, s, true);
+    cancel_multishot(local, c, true);
   }
   if (bits)
-    weft__sock_signal(io->sh, s, bits, WEFT_GEN_ANY);
+    weft__sock_signal(local, &c->s, bits, WEFT_GEN_ANY);
 }
 
 /* ---- the strand's side ----------------------------------------------------
  */
 
-/* Moves what the reaper pushed to the end of the socket's queue. */
-static void grab(struct weft__sock *s) {
-  if (!weft__load(&s->rin, WA_RLX))
+/* Moves what the reaper pushed to the end of the connection's queue. */
+static void grab(struct weft__conn *c) {
+  if (!weft__load(&c->rin, WA_RLX))
     return;
-  struct weft__rbuf *b = weft__xchg(&s->rin, NULL, WA_ACQ), *rev = NULL;
+  struct weft__rbuf *b = weft__xchg(&c->rin, NULL, WA_ACQ), *rev = NULL;
   while (b) {
     struct weft__rbuf *next = b->next;
     b->next = rev;
     rev = b;
     b = next;
   }
-  if (s->rq_tail)
-    s->rq_tail->next = rev;
+  if (c->rq_tail)
+    c->rq_tail->next = rev;
   else
-    s->rq_head = rev;
+    c->rq_head = rev;
   while (rev) {
-    s->rq_tail = rev;
+    c->rq_tail = rev;
     rev = rev->next;
   }
 }
 
-static void put(struct weft__sock *s, struct weft__rbuf *b) {
-  weft__fetch_sub(&s->rheld, 1, WA_RLX);
-  weft__bufring_put(s->rt, b);
+static void put(struct weft__conn *c, struct weft__rbuf *b) {
+  weft__fetch_sub(&c->rheld, 1, WA_RLX);
+  weft__io_buf_put(c->s.rt, b);
 }
 
 /* Copies up to len queued bytes to dst; hands back the buffers emptied. */
-static size_t take(struct weft__sock *s, char *dst, size_t len) {
+static size_t take(struct weft__conn *c, char *dst, size_t len) {
   size_t n = 0;
-  while (n < len && s->rq_head) {
-    struct weft__rbuf *b = s->rq_head;
+  while (n < len && c->rq_head) {
+    struct weft__rbuf *b = c->rq_head;
     size_t k = b->len - b->off;
     if (k > len - n)
       k = len - n;
@@ -164,10 +144,10 @@ static size_t take(struct weft__sock *s, char *dst, size_t len) {
     b->off += (uint32_t)k;
     n += k;
     if (b->off == b->len) {
-      s->rq_head = b->next;
-      if (!s->rq_head)
-        s->rq_tail = NULL;
-      put(s, b);
+      c->rq_head = b->next;
+      if (!c->rq_head)
+        c->rq_tail = NULL;
+      put(c, b);
     }
   }
   return n;
@@ -175,119 +155,117 @@ static size_t take(struct weft__sock *s, char *dst, size_t len) {
 
 /* Puts a receive in the kernel: multishot where the ring has buffers,
  * else one-shot into the reader's buffer. */
-static void arm(struct weft__sock *s) {
-  weft_rt *rt = s->rt;
+static void arm(struct weft__conn *c) {
+  weft_rt *rt = c->s.rt;
   struct weft__shard *sh = weft__local_begin(rt);
-  struct io_uring_sqe *sqe = sh ? weft__uring_sqe(sh) : NULL;
-  if (sqe) {
-    struct weft__io *io = weft__load(&sh->io, WA_RLX);
-    if (io->br && !s->rd_nobufs && !weft__load(&rt->no_multishot, WA_RLX)) {
-      io_uring_prep_recv_multishot(sqe, s->fd, NULL, 0, 0);
-      sqe->flags |= IOSQE_BUFFER_SELECT;
-      sqe->buf_group = 0;
-      io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_RECVM);
-      weft__store(&s->mcancel, 0, WA_RLX);
-      weft__store(&s->m_armer, weft__self(), WA_RLX);
-      s->m_io = io;
-      s->rd_multi = true;
-    } else {
-      io_uring_prep_recv(sqe, s->fd, s->rbuf, s->rlen, 0);
-      /* After a receive that drained the socket (a request answered,
-       * the next not sent yet) the kernel's first try would fail: wait
-       * for data first (5.19; -EINVAL before, then never again). */
-      s->rd_pollfirst = s->rd_short && !weft__load(&rt->no_poll_first, WA_RLX);
-      if (s->rd_pollfirst)
-        sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
-      io_uring_sqe_set_data64(sqe, (uintptr_t)s | WEFT_OP_READ);
-      s->rd_inflight = true;
+  int r = -ENOBUFS;
+  if (sh && !c->rd_nobufs && !weft__load(&rt->net.no_multishot, WA_RLX)) {
+    /* Before it can complete: the reaper compares m_armer. */
+    weft__store(&c->mcancel, 0, WA_RLX);
+    weft__store(&c->m_armer, weft__self(), WA_RLX);
+    r = weft__io_recv_multishot(sh, c->s.fd, &c->s.ioh);
+    if (!r) {
+      c->m_io = weft__io_of(sh);
+      c->rd_multi = true;
     }
+  }
+  if (r == -ENOBUFS) {
+    /* After a receive that drained the socket (a request answered, the
+     * next not sent yet) the kernel's first try would fail: wait for data
+     * first (5.19; -EINVAL before, then never again). */
+    c->rd_pollfirst =
+        c->rd_short && !weft__load(&rt->net.no_poll_first, WA_RLX);
+    r = weft__io_recv(sh, c->s.fd, c->rbuf, c->rlen, c->rd_pollfirst,
+                      &c->s.ioh);
+    c->rd_inflight = r == 0;
   }
   weft__local_end(sh);
-  if (!sqe)
-    weft__sock_kick(s); /* no shard (handed off) or ring full: later */
+  if (r)
+    weft__sock_kick(&c->s); /* no shard (handed off) or ring full: later */
 }
 
-/* uring: deliver what is queued to pending reads; arm when it is empty. */
-static void pump(struct weft__sock *s) {
-  s->in_pump = true;
-  while (s->reading) {
-    grab(s); /* a read from the callback gets what arrived meanwhile */
-    if (s->rq_head) {
-      weft__recv_done(s, (long)take(s, s->rbuf, s->rlen));
+/* Completions: deliver what is queued to pending reads; arm when it is
+ * empty. */
+static void pump(struct weft__conn *c) {
+  c->in_pump = true;
+  while (c->reading) {
+    grab(c); /* a read from the callback gets what arrived meanwhile */
+    if (c->rq_head) {
+      weft__recv_done(c, (long)take(c, c->rbuf, c->rlen));
       continue;
     }
-    if (s->rd_term_set) {
-      s->rd_term_set = false;
-      weft__recv_done(s, s->rd_term);
+    if (c->rd_term_set) {
+      c->rd_term_set = false;
+      weft__recv_done(c, c->rd_term);
       continue;
     }
-    if (!s->rd_multi && !s->rd_inflight)
-      arm(s);
+    if (!c->rd_multi && !c->rd_inflight)
+      arm(c);
     break;
   }
-  s->in_pump = false;
+  c->in_pump = false;
 }
 
-/* epoll: try the pending read if the socket may have data. */
-static void recv_now(struct weft__sock *s) {
-  while (s->reading && s->readable) {
-    ssize_t n = recv(s->fd, s->rbuf, s->rlen, MSG_DONTWAIT);
+/* Readiness: try the pending read if the socket may have data. */
+static void recv_now(struct weft__conn *c) {
+  while (c->reading && c->readable) {
+    ssize_t n = recv(c->s.fd, c->rbuf, c->rlen, MSG_DONTWAIT);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      s->readable = false;
+      c->readable = false;
       return;
     }
     /* A short read emptied the buffer: wait for the next edge. Not after
      * a hang-up: its edge came with the data, and no other will come. */
-    if (n > 0 && (size_t)n < s->rlen && !s->hup)
-      s->readable = false;
-    weft__recv_done(s, n < 0 ? -errno : n);
+    if (n > 0 && (size_t)n < c->rlen && !c->hup)
+      c->readable = false;
+    weft__recv_done(c, n < 0 ? -errno : n);
   }
 }
 
-void weft__recv_run(struct weft__sock *s) {
-  if (s->rt->backend == WEFT_BACKEND_EPOLL)
-    recv_now(s);
+void weft__recv_run(struct weft__conn *c) {
+  if (weft__io_completes(c->s.rt))
+    pump(c);
   else
-    pump(s);
+    recv_now(c);
 }
 
-void weft__recv_start(struct weft__sock *s) {
-  if (s->rt->backend == WEFT_BACKEND_EPOLL) {
-    if (s->readable)
-      weft__sock_kick(s); /* read in the handler, not in this call */
-  } else if (s->rq_head || s->rd_term_set || weft__load(&s->rin, WA_RLX)) {
-    if (!s->in_pump)
-      weft__sock_kick(s); /* queued: delivered by the handler */
-  } else if (!s->rd_multi && !s->rd_inflight) {
-    arm(s);
+void weft__recv_start(struct weft__conn *c) {
+  if (!weft__io_completes(c->s.rt)) {
+    if (c->readable)
+      weft__sock_kick(&c->s); /* read in the handler, not in this call */
+  } else if (c->rq_head || c->rd_term_set || weft__load(&c->rin, WA_RLX)) {
+    if (!c->in_pump)
+      weft__sock_kick(&c->s); /* queued: delivered by the handler */
+  } else if (!c->rd_multi && !c->rd_inflight) {
+    arm(c);
   }
 }
 
 /* EV_RDONE of a one-shot receive. */
-void weft__recv_completed(struct weft__sock *s) {
-  s->rd_inflight = false;
-  s->rd_nobufs = false;
-  int res = s->rres;
-  s->rd_short = res > 0 && (size_t)res < s->rlen;
-  if (res == -EINVAL && s->rd_pollfirst)
-    weft__store(&s->rt->no_poll_first, 1, WA_RLX);
-  if (s->state == ST_CLOSING) {
-    weft__recv_done(s, -ECANCELED);
+void weft__recv_completed(struct weft__conn *c) {
+  c->rd_inflight = false;
+  c->rd_nobufs = false;
+  int res = c->rres;
+  c->rd_short = res > 0 && (size_t)res < c->rlen;
+  if (res == -EINVAL && c->rd_pollfirst)
+    weft__store(&c->s.rt->net.no_poll_first, 1, WA_RLX);
+  if (c->s.state == ST_CLOSING) {
+    weft__recv_done(c, -ECANCELED);
   } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED ||
-             (res == -EINVAL && s->rd_pollfirst)) {
-    arm(s); /* -ECANCELED: its submitter exited (io_uring.c) */
+             (res == -EINVAL && c->rd_pollfirst)) {
+    arm(c); /* -ECANCELED: its submitter exited (io_uring.c) */
   } else {
-    weft__recv_done(s, res);
+    weft__recv_done(c, res);
   }
 }
 
-/* EV_RMEND: the multishot receive ended with s->mres. */
-void weft__recv_ended(struct weft__sock *s) {
-  s->rd_multi = false;
-  int res = s->mres;
-  if (s->state != ST_OPEN)
+/* EV_RMEND: the multishot receive ended with c->mres. */
+void weft__recv_ended(struct weft__conn *c) {
+  c->rd_multi = false;
+  int res = c->mres;
+  if (c->s.state != ST_OPEN)
     return; /* closing: the read was cancelled already */
   switch (res) {
   case MRES_MORE:
@@ -296,19 +274,19 @@ void weft__recv_ended(struct weft__sock *s) {
   case -EAGAIN:
     return; /* pump arms another when a read is pending */
   case -ENOBUFS:
-    s->rd_nobufs = true;
-    weft__fetch_add(&s->rt->recv_nobufs, 1, WA_RLX);
+    c->rd_nobufs = true;
+    weft__fetch_add(&c->s.rt->net.recv_nobufs, 1, WA_RLX);
     return;
   case -EINVAL:
     /* Before 6.0: no multishot receive. From now on one-shots, which
      * report an -EINVAL of the socket's own. */
-    weft__store(&s->rt->no_multishot, 1, WA_RLX);
+    weft__store(&c->s.rt->net.no_multishot, 1, WA_RLX);
     return;
   default:
     break;
   }
-  s->rd_term = res; /* end of file or an error, after the queued bytes */
-  s->rd_term_set = true;
+  c->rd_term = res; /* end of file or an error, after the queued bytes */
+  c->rd_term_set = true;
 }
 
 /* Closing, before shutdown(2) wakes the receive to end it. A multishot
@@ -321,47 +299,43 @@ void weft__recv_ended(struct weft__sock *s) {
  * store, shutdown (socket lock), receive (socket lock), CQE (the ring's
  * release), reap (acquire), load. So the reaper sees mclosing on that
  * completion and cancels the receive. */
-void weft__recv_closing(struct weft__sock *s) {
-  if (s->rd_multi)
-    weft__store(&s->mclosing, 1, WA_REL);
+void weft__recv_closing(struct weft__conn *c) {
+  if (c->rd_multi)
+    weft__store(&c->mclosing, 1, WA_REL);
 }
 
-bool weft__recv_busy(const struct weft__sock *s) {
-  return s->rd_inflight || s->rd_multi;
+bool weft__recv_busy(const struct weft__conn *c) {
+  return c->rd_inflight || c->rd_multi;
 }
 
 /* Closing: a pending read not in the kernel completes with -ECANCELED. */
-void weft__recv_cancel(struct weft__sock *s) {
-  if (s->reading && !s->rd_inflight)
-    weft__recv_done(s, -ECANCELED);
+void weft__recv_cancel(struct weft__conn *c) {
+  if (c->reading && !c->rd_inflight)
+    weft__recv_done(c, -ECANCELED);
 }
 
 /* Closing, instead of shutdown(2): a cancel of the multishot receive in
  * the ring that holds it, if the calling thread holds that ring; the
  * entry leaves with the thread's next enter. false: it is elsewhere (a
  * handoff moved it), or the ring is full. */
-bool weft__recv_cancel_local(struct weft__sock *s) {
-  struct weft__shard *sh = weft__local_begin(s->rt);
-  struct io_uring_sqe *sqe = NULL;
-  if (sh && weft__load(&sh->io, WA_RLX) == s->m_io)
-    sqe = weft__uring_sqe(sh);
-  if (sqe) {
-    io_uring_prep_cancel64(sqe, (uintptr_t)s | WEFT_OP_RECVM, 0);
-    io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
-    weft__store(&s->mcancel, 1, WA_RLX); /* the reaper needs no other */
-  }
+bool weft__recv_cancel_local(struct weft__conn *c) {
+  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  bool ok = sh && weft__io_of(sh) == c->m_io &&
+            weft__io_cancel(sh, &c->s.ioh, WEFT_OP_RECVM, false) == 0;
+  if (ok)
+    weft__store(&c->mcancel, 1, WA_RLX); /* the reaper needs no other */
   weft__local_end(sh);
-  return sqe != NULL;
+  return ok;
 }
 
 /* Closed, nothing in the kernel: the unread buffers go back. */
-void weft__recv_release(struct weft__sock *s) {
-  grab(s);
-  while (s->rq_head) {
-    struct weft__rbuf *b = s->rq_head;
-    s->rq_head = b->next;
-    put(s, b);
+void weft__recv_release(struct weft__conn *c) {
+  grab(c);
+  while (c->rq_head) {
+    struct weft__rbuf *b = c->rq_head;
+    c->rq_head = b->next;
+    put(c, b);
   }
-  s->rq_tail = NULL;
-  s->rd_term_set = false;
+  c->rq_tail = NULL;
+  c->rd_term_set = false;
 }

@@ -1,26 +1,26 @@
 /*
- * timer.c - timers: the per-shard hierarchical timing wheel, arming,
- * cancelling, firing, and the timers' part of shutdown. Owns every
- * weft_timer and each shard's wheel (struct weft__wheel in internal.h).
+ * timer.c - timers (timer.h): the per-shard hierarchical timing wheel,
+ * arming, cancelling, firing, and the timers' part of shutdown. Owns every
+ * weft_timer and each shard's wheel.
  *
- * Home shard: a timer lives in the wheel of the shard its strand's address
- * hashes to (its own address for a timer without strand), fixed for its
- * life, so all its state is guarded by that shard's tlock (but the
+ * Home shard: a timer lives in the wheel of its strand's home shard (its
+ * own home for a timer without strand: shard.h, "Homes"), fixed for its
+ * life, so all its state is guarded by that shard's timer lock (but the
  * destroyed bit, which a firing reads without it: run_firing), and all
- * timers of one strand share a wheel. Firings are queued on the strand while
- * tlock is held, so handlers are queued in the order the wheel yields
- * deadlines. Per firing, tlock is taken twice: to fire (with the other due
- * timers) and to settle after the handler; a thread preempted while it
- * holds tlock keeps every other thread off that wheel, so holds are short.
- * Lock order: a tlock is never held while taking another lock except the
- * pool depot's, and never across a handler.
+ * timers of one strand share a wheel. Firings are queued on the strand
+ * while the lock is held, so handlers are queued in the order the wheel
+ * yields deadlines. Per firing, the lock is taken twice: to fire (with the
+ * other due timers) and to settle after the handler; a thread preempted
+ * while it holds the lock keeps every other thread off that wheel, so
+ * holds are short. Lock order: a timer lock is never held while taking
+ * another lock except a pool depot's, and never across a handler.
  *
  * A firing carries a copy of what it fired with (fn, arg, missed), so a
  * re-arm with other values does not change a firing already queued.
  *
  * Exactly one outcome per arming: an ARMED timer leaves the wheel either by
  * firing (state FIRED, inflight++, its handler queued) or by cancel (state
- * IDLE, cancel returns 0), both under tlock. A firing that is queued is work
+ * IDLE, cancel returns 0), both under the lock. A firing that is queued is work
  * the runtime accepted: it runs, or at a CANCEL shutdown it reports
  * -ECANCELED, exactly once, like any handler.
  *
@@ -31,29 +31,53 @@
  * level; when its time comes, its timers either fire (their tick has come)
  * or are re-inserted lower down (cascade). Start and cancel are O(1).
  */
-#include "internal.h"
+#include "timer.h"
+
+#include "clock.h"
+#include "park.h"
+#include "rt.h"
+#include "shard.h"
+#include "strand.h"
 
 #include <errno.h>
 #include <stdio.h>
-#include <time.h>
 
 #define LEVEL_BITS 6
 #define SLOT_MASK ((uint64_t)WEFT_WHEEL_SLOTS - 1)
 #define MAX_TICKS ((uint64_t)1 << (LEVEL_BITS * WEFT_WHEEL_LEVELS))
 
-uint64_t weft__now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+uint64_t weft_now_ns(void) { return weft__now_ns(); }
+
+static inline weft_strand *timer_strand(const struct weft_timer *t) {
+  uintptr_t o = weft__load(&t->owner, WA_RLX);
+  return (o & WEFT_T_NOSTRAND) ? NULL : (weft_strand *)(o & ~WEFT_T_OWNER_BITS);
 }
 
-uint64_t weft_now_ns(void) { return weft__now_ns(); }
+static inline struct weft__shard *home_of(const struct weft_timer *t) {
+  uintptr_t o = weft__load(&t->owner, WA_RLX);
+  if (o & WEFT_T_NOSTRAND)
+    return (struct weft__shard *)(o & ~WEFT_T_OWNER_BITS);
+  weft_strand *s = (weft_strand *)(o & ~WEFT_T_OWNER_BITS);
+  return &s->rt->shards[s->home];
+}
+
+struct weft__shard *weft__timer_home(const struct weft_timer *t) {
+  return home_of(t);
+}
+
+/* Its runtime, without the detour through the strand's home shard. */
+static inline weft_rt *rt_of(const struct weft_timer *t) {
+  uintptr_t o = weft__load(&t->owner, WA_RLX);
+  if (o & WEFT_T_NOSTRAND)
+    return ((struct weft__shard *)(o & ~WEFT_T_OWNER_BITS))->rt;
+  return ((weft_strand *)(o & ~WEFT_T_OWNER_BITS))->rt;
+}
 
 static inline uint64_t tick_ceil(uint64_t ns) {
   return (ns >> WEFT_TICK_SHIFT) + ((ns & ((1u << WEFT_TICK_SHIFT) - 1)) != 0);
 }
 
-void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns) {
+static void wheel_init(struct weft__wheel *w, uint64_t now_ns) {
   w->elapsed = now_ns >> WEFT_TICK_SHIFT;
   w->count = 0;
   for (int l = 0; l < WEFT_WHEEL_LEVELS; l++) {
@@ -61,6 +85,12 @@ void weft__wheel_init(struct weft__wheel *w, uint64_t now_ns) {
     for (int s = 0; s < WEFT_WHEEL_SLOTS; s++)
       w->slot[l][s].next = w->slot[l][s].prev = &w->slot[l][s];
   }
+}
+
+void weft__timers_init(struct weft__timers *tm, uint64_t now_ns) {
+  weft__store(&tm->next, UINT64_MAX, WA_RLX);
+  weft__lock_init(&tm->lock);
+  wheel_init(&tm->wheel, now_ns);
 }
 
 static unsigned level_for(uint64_t elapsed, uint64_t when) {
@@ -144,26 +174,26 @@ static bool next_slot(struct weft__wheel *w, uint64_t *tick, unsigned *level,
  * earlier: a cancel leaves it (the owner then wakes at the old deadline,
  * finds nothing due and publishes the exact value here), so that starting
  * and cancelling a timer that is not the earliest stores nothing shared.
- * The stores are seq_cst: see weft__kick. tlock held. */
+ * The stores are seq_cst: see weft__kick. lock held. */
 static void publish_next(struct weft__shard *sh) {
   uint64_t tick;
   unsigned l, s;
   uint64_t next = UINT64_MAX;
-  if (next_slot(&sh->wheel, &tick, &l, &s)) {
+  if (next_slot(&sh->tm.wheel, &tick, &l, &s)) {
     next = tick << WEFT_TICK_SHIFT;
     /* The next timer to fire or cascade: fetched now, it is not a cache
      * miss inside the next hold (8% of the hold time at 10^6 firings/s). */
-    __builtin_prefetch(sh->wheel.slot[l][s].next, 1);
+    __builtin_prefetch(sh->tm.wheel.slot[l][s].next, 1);
   }
-  if (weft__load(&sh->timer_next, WA_RLX) != next)
-    weft__store(&sh->timer_next, next, WA_SC);
+  if (weft__load(&sh->tm.next, WA_RLX) != next)
+    weft__store(&sh->tm.next, next, WA_SC);
 }
 
 /* Moves timer_next earlier if t, just inserted, is due before it. */
 static void lower_next(struct weft__shard *sh, const weft_timer *t) {
   uint64_t next = tick_ceil(t->deadline) << WEFT_TICK_SHIFT;
-  if (next < weft__load(&sh->timer_next, WA_RLX))
-    weft__store(&sh->timer_next, next, WA_SC);
+  if (next < weft__load(&sh->tm.next, WA_RLX))
+    weft__store(&sh->tm.next, next, WA_SC);
 }
 
 static void tramp(void *arg);
@@ -177,7 +207,7 @@ struct firing {
   weft_timer_fn fn;
   void *arg;
   uint64_t missed;
-  uint64_t period; /* for settle: whether to read the clock before tlock */
+  uint64_t period; /* for settle: whether to read the clock before the lock */
 };
 
 /* A firing lives as long as its node, and comes from the node pool: it is
@@ -190,22 +220,23 @@ _Static_assert(_Alignof(weft_strand) > WEFT_T_OWNER_BITS &&
                    _Alignof(struct weft__shard) > WEFT_T_OWNER_BITS,
                "owner's low bits are free");
 
-/* Fires t (out of the wheel) from `local`; tlock held. On allocation
+/* Fires t (out of the wheel) from `local`; lock held. On allocation
  * failure the firing is not lost: t is re-armed 1 ms later. */
 static void fire_locked(weft_timer *t, struct weft__shard *home,
                         struct weft__shard *local, bool cancel) {
   weft_rt *rt = home->rt;
+  struct weft__pool_cache *nc = local ? &local->cache.node : NULL;
+  struct firing *f = weft__pool_alloc(&rt->node_pool, nc);
   struct weft__node *n =
-      weft__pool_alloc(&rt->node_pool, local ? &local->node_cache : NULL);
-  struct firing *f =
-      n ? weft__pool_alloc(&rt->node_pool, local ? &local->node_cache : NULL)
+      f ? weft__node_new(rt, local, cancel ? tramp_cancel : tramp, tramp_cancel,
+                         f)
         : NULL;
-  if (!f) {
-    if (n)
-      weft__pool_free(&rt->node_pool, local ? &local->node_cache : NULL, n);
+  if (!n) {
+    if (f)
+      weft__pool_free(&rt->node_pool, nc, f);
     t->state = WEFT_T_ARMED;
     t->deadline = weft__now_ns() + 1000000;
-    wheel_insert(&home->wheel, t);
+    wheel_insert(&home->tm.wheel, t);
     return;
   }
   t->state = WEFT_T_FIRED;
@@ -215,20 +246,13 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
   f->arg = t->arg;
   f->missed = t->missed;
   f->period = t->period;
-  n->fn = cancel ? tramp_cancel : tramp;
-  n->cancel = tramp_cancel;
-  n->embedded = 0;
-  n->arg = f;
-  if (weft__timer_strand(t))
-    weft__strand_push(weft__timer_strand(t), local, n, true);
-  else
-    weft__schedule_prio(rt, local, (weft__item)n | WEFT_ITEM_NODE);
+  weft__node_post(rt, local, timer_strand(t), n, true);
   if (cancel)
     return;
   if (local)
-    weft__stat_add(&local->st_timers_fired, 1);
+    weft__stat_add(&local->st.timers_fired, 1);
   else
-    weft__fetch_add(&rt->foreign_timers_fired, 1, WA_RLX);
+    weft__fetch_add(&rt->outside.timers_fired, 1, WA_RLX);
 }
 
 /* Fires every due timer of home's wheel, in deadline order; lock held.
@@ -237,7 +261,7 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
  * level-0 slot in order. */
 static void fire_due_locked(struct weft__shard *home, struct weft__shard *local,
                             uint64_t now_tick) {
-  struct weft__wheel *w = &home->wheel;
+  struct weft__wheel *w = &home->tm.wheel;
   uint64_t tick;
   unsigned l, s;
   while (next_slot(w, &tick, &l, &s) && tick <= now_tick) {
@@ -258,18 +282,18 @@ static void fire_due_locked(struct weft__shard *home, struct weft__shard *local,
 
 bool weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
                            uint64_t now_ns) {
-  if (!weft__trylock(&home->tlock))
+  if (!weft__trylock(&home->tm.lock))
     return false; /* another thread is serving this wheel */
   /* Quiet: the firings' notify_parked (an RMW on the shared idle word each)
    * waits until the lock is released, and is made once. A thread that is
-   * preempted while it holds tlock keeps every other thread off this wheel
+   * preempted while it holds the lock keeps every other thread off this wheel
    * (4 ms, a whole tick here), so the hold is kept short. */
   bool quiet = local && !local->quiet;
   if (quiet)
     local->quiet = true;
   fire_due_locked(home, local, now_ns >> WEFT_TICK_SHIFT);
   publish_next(home);
-  weft__unlock(&home->tlock);
+  weft__unlock(&home->tm.lock);
   if (quiet) {
     local->quiet = false;
     if (weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
@@ -280,7 +304,7 @@ bool weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
 
 /* Wakes the home shard's thread if its deadline moved earlier. */
 static void maybe_kick(struct weft__shard *home, uint64_t before) {
-  uint64_t next = weft__load(&home->timer_next, WA_RLX);
+  uint64_t next = weft__load(&home->tm.next, WA_RLX);
   /* The owner, not self->shard: inside a handler this thread may already
    * have lost home to a handoff without knowing; the new owner must wake.
    * If the handoff comes after this load, the new owner reads timer_next
@@ -296,12 +320,12 @@ int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
     return -EXDEV;
   if (s && (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC))
     return -EBADF;
-  if (weft__load(&rt->closing, WA_ACQ))
+  if (weft__load(&rt->life.closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__shard *home = &rt->shards[s ? s->home : weft__home_pick(rt, sh)];
   weft_timer *t =
-      weft__pool_alloc(&home->timer_pool, sh == home ? &sh->timer_cache : NULL);
+      weft__pool_alloc(&home->timer_pool, sh == home ? &sh->cache.timer : NULL);
   weft__local_end(sh);
   if (!t)
     return -ENOMEM;
@@ -321,43 +345,43 @@ int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
 
 /* Into its home's pool; its strand, if any, is still alive. */
 static void timer_free(weft_timer *t) {
-  struct weft__shard *home = weft__timer_home(t);
+  struct weft__shard *home = home_of(t);
   struct weft__shard *sh = weft__local_begin(home->rt);
-  weft__pool_free(&home->timer_pool, sh == home ? &sh->timer_cache : NULL, t);
+  weft__pool_free(&home->timer_pool, sh == home ? &sh->cache.timer : NULL, t);
   weft__local_end(sh);
 }
 
 static void firing_free(weft_rt *rt, struct firing *f) {
   struct weft__shard *sh = weft__local_begin(rt);
-  weft__pool_free(&rt->node_pool, sh ? &sh->node_cache : NULL, f);
+  weft__pool_free(&rt->node_pool, sh ? &sh->cache.node : NULL, f);
   weft__local_end(sh);
 }
 
-/* Arms t; tlock held. */
+/* Arms t; lock held. */
 static int start_locked(weft_timer *t, struct weft__shard *home,
                         struct weft__shard *local, uint64_t deadline_ns,
                         uint64_t period_ns, weft_timer_fn fn, void *arg,
                         uint64_t now) {
   if (weft__load(&t->owner, WA_RLX) & WEFT_T_DESTROYED)
     return -EBADF;
-  if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ))
+  if (weft__load(&rt_of(t)->life.closing, WA_ACQ))
     return -ESHUTDOWN;
   if (t->inflight == 0xffff)
     return -EBUSY;
   if (t->state == WEFT_T_ARMED)
-    wheel_remove(&home->wheel, t);
-  if (!home->wheel.count) /* nothing to keep in place: catch up with now */
-    home->wheel.elapsed = (now ? now : weft__now_ns()) >> WEFT_TICK_SHIFT;
+    wheel_remove(&home->tm.wheel, t);
+  if (!home->tm.wheel.count) /* nothing to keep in place: catch up with now */
+    home->tm.wheel.elapsed = (now ? now : weft__now_ns()) >> WEFT_TICK_SHIFT;
   t->deadline = deadline_ns;
   t->period = period_ns;
   t->fn = fn;
   t->arg = arg;
   t->missed = 0;
-  if (tick_ceil(deadline_ns) <= home->wheel.elapsed) {
+  if (tick_ceil(deadline_ns) <= home->tm.wheel.elapsed) {
     fire_locked(t, home, local, false);
   } else {
     t->state = WEFT_T_ARMED;
-    wheel_insert(&home->wheel, t);
+    wheel_insert(&home->tm.wheel, t);
     lower_next(home, t);
   }
   return 0;
@@ -368,25 +392,25 @@ static int start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
                     weft_timer_fn fn, void *arg, uint64_t now) {
   if (!t || !fn || (period_ns && deadline_ns > UINT64_MAX - period_ns))
     return -EINVAL;
-  weft_rt *rt = weft__timer_rt(t);
-  struct weft__shard *home = weft__timer_home(t);
+  weft_rt *rt = rt_of(t);
+  struct weft__shard *home = home_of(t);
   struct weft__shard *local = weft__local_begin(rt);
   /* From outside the runtime, a firing queued at once must count as a
    * post in flight, or a racing shutdown could finish without it. */
   if (!local) {
-    int r = weft__foreign_enter(rt);
+    int r = weft__busy_enter(rt);
     if (r)
       return r;
   }
-  weft__lock(&home->tlock);
-  uint64_t before = weft__load(&home->timer_next, WA_RLX);
+  weft__lock(&home->tm.lock);
+  uint64_t before = weft__load(&home->tm.next, WA_RLX);
   int r = start_locked(t, home, local, deadline_ns, period_ns, fn, arg, now);
-  weft__unlock(&home->tlock);
+  weft__unlock(&home->tm.lock);
   weft__local_end(local);
   if (!r)
     maybe_kick(home, before);
   if (!local)
-    weft__foreign_exit(rt);
+    weft__busy_drop(rt, 1);
   return r;
 }
 
@@ -406,29 +430,29 @@ int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
 int weft_timer_cancel(weft_timer *t) {
   if (!t)
     return -EINVAL;
-  struct weft__shard *home = weft__timer_home(t);
+  struct weft__shard *home = home_of(t);
   int r = -EALREADY;
-  weft__lock(&home->tlock);
+  weft__lock(&home->tm.lock);
   if (t->state == WEFT_T_ARMED) {
-    wheel_remove(&home->wheel, t);
+    wheel_remove(&home->tm.wheel, t);
     r = 0;
   }
   t->state = WEFT_T_IDLE; /* a FIRED periodic timer will not re-arm */
-  weft__unlock(&home->tlock);
+  weft__unlock(&home->tm.lock);
   return r;
 }
 
 void weft_timer_destroy(weft_timer *t) {
   if (!t)
     return;
-  struct weft__shard *home = weft__timer_home(t);
-  weft__lock(&home->tlock);
+  struct weft__shard *home = home_of(t);
+  weft__lock(&home->tm.lock);
   if (t->state == WEFT_T_ARMED)
-    wheel_remove(&home->wheel, t);
+    wheel_remove(&home->tm.wheel, t);
   t->state = WEFT_T_IDLE;
   weft__fetch_or(&t->owner, WEFT_T_DESTROYED, WA_RLX);
   bool now = t->inflight == 0;
-  weft__unlock(&home->tlock);
+  weft__unlock(&home->tm.lock);
   if (now)
     timer_free(t);
 }
@@ -447,23 +471,23 @@ static uint64_t next_period(const weft_timer *t, uint64_t now,
 
 /* After a firing's handler: re-arm a periodic timer, or settle. Returns
  * whether the handler must now be told of a shutdown (-ECANCELED). A
- * periodic firing's re-arm needs the clock, read before tlock to keep the
+ * periodic firing's re-arm needs the clock, read before the lock to keep the
  * hold short: a deadline that passes between the read and the lock is
  * then not counted as missed; it fires as soon as its wheel is served,
  * which is still after the handler returned. */
 static bool settle(const struct firing *f, bool ran, bool *free_it) {
   weft_timer *t = f->t;
-  struct weft__shard *home = weft__timer_home(t);
+  struct weft__shard *home = home_of(t);
   bool cancelled = false;
   uint64_t now = f->period && ran ? weft__now_ns() : 0;
-  weft__lock(&home->tlock);
+  weft__lock(&home->tm.lock);
   t->inflight--;
   /* Only the last firing under way re-arms: one that settles while a
    * newer firing (of a restart) is still queued would re-arm the newer
    * arming before its handler ran, and the next period could then queue
    * behind it instead of counting as missed. */
   if (t->state == WEFT_T_FIRED && ran && t->period && t->inflight == 0) {
-    if (weft__load(&weft__timer_rt(t)->closing, WA_ACQ)) {
+    if (weft__load(&rt_of(t)->life.closing, WA_ACQ)) {
       t->state = WEFT_T_IDLE;
       cancelled = true;
     } else {
@@ -474,16 +498,16 @@ static bool settle(const struct firing *f, bool ran, bool *free_it) {
       /* A thread serving the wheel may have moved it past the clock read
        * before the lock (this one preempted in between): count the
        * periods missed since, rather than fire a passed one at once. The
-       * wheel never passes a clock read made under tlock. */
-      if (tick_ceil(next) <= home->wheel.elapsed)
+       * wheel never passes a clock read made under the lock. */
+      if (tick_ceil(next) <= home->tm.wheel.elapsed)
         next = next_period(t, weft__now_ns(), &missed);
       t->deadline = next;
       t->missed = missed > UINT32_MAX ? UINT32_MAX : (uint32_t)missed;
       t->state = WEFT_T_ARMED;
-      uint64_t before = weft__load(&home->timer_next, WA_RLX);
-      wheel_insert(&home->wheel, t);
+      uint64_t before = weft__load(&home->tm.next, WA_RLX);
+      wheel_insert(&home->tm.wheel, t);
       lower_next(home, t);
-      weft__unlock(&home->tlock);
+      weft__unlock(&home->tm.lock);
       maybe_kick(home, before);
       *free_it = false;
       return false;
@@ -493,7 +517,7 @@ static bool settle(const struct firing *f, bool ran, bool *free_it) {
   }
   *free_it =
       (weft__load(&t->owner, WA_RLX) & WEFT_T_DESTROYED) && t->inflight == 0;
-  weft__unlock(&home->tlock);
+  weft__unlock(&home->tm.lock);
   return cancelled;
 }
 
@@ -501,11 +525,11 @@ static bool settle(const struct firing *f, bool ran, bool *free_it) {
  * unless the timer was destroyed meanwhile, then settles the timer. */
 static void run_firing(struct firing *f, bool cancel) {
   weft_timer *t = f->t;
-  weft_rt *rt = weft__timer_rt(t); /* t may be freed once settled */
-  /* Without tlock: t is alive (this firing counts in inflight) and owner is
+  weft_rt *rt = rt_of(t); /* t may be freed once settled */
+  /* Without the lock: t is alive (this firing counts in inflight) and owner is
    * atomic. A destroy ordered before this firing (on t's strand, or
    * waited for) set the bit before this load, and a racing one may or
-   * may not be seen, exactly as when the bit was read under tlock: the
+   * may not be seen, exactly as when the bit was read under the lock: the
    * lock ordered nothing more, and a hold fewer per firing is a hold
    * fewer that a preempted thread can keep other threads out of. Relaxed
    * is enough: nothing is read through the bit, and coherence alone makes
@@ -528,8 +552,8 @@ void weft__timers_flush(weft_rt *rt) {
   struct weft__shard *local = weft__local_begin(rt);
   for (unsigned i = 0; i < rt->nshards; i++) {
     struct weft__shard *sh = &rt->shards[i];
-    struct weft__wheel *w = &sh->wheel;
-    weft__lock(&sh->tlock);
+    struct weft__wheel *w = &sh->tm.wheel;
+    weft__lock(&sh->tm.lock);
     for (unsigned l = 0; l < WEFT_WHEEL_LEVELS; l++) {
       while (w->occupied[l]) {
         unsigned s = (unsigned)__builtin_ctzll(w->occupied[l]);
@@ -544,7 +568,7 @@ void weft__timers_flush(weft_rt *rt) {
       }
     }
     publish_next(sh);
-    weft__unlock(&sh->tlock);
+    weft__unlock(&sh->tm.lock);
   }
   weft__local_end(local);
 }

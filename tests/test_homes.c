@@ -20,7 +20,8 @@
  */
 #include "testutil.h"
 
-#include "internal.h"
+#include "shard.h"
+#include "strand.h"
 
 #define WORKERS 3u
 #define PER_HOME 200u /* more than the reserve's batch: slabs too */

@@ -20,7 +20,9 @@
  */
 #include "testutil.h"
 
-#include "internal.h"
+#include "shard.h"
+#include "strand.h"
+#include "tcp.h"
 
 #define LINE ((uintptr_t)WEFT_CACHELINE)
 #define NOBJ (3 * WEFT_POOL_BATCH + 7)
@@ -79,9 +81,16 @@ static void check_size(size_t asked, bool reserve) {
 
 static void test_sizes_and_objects(void **state) {
   (void)state;
-  size_t sizes[] = {
-      1,   sizeof(struct weft__node), 48, 63, 64, 65, sizeof(struct weft_timer),
-      200, weft__sock_size()};
+  size_t sizes[] = {1,
+                    sizeof(struct weft__node),
+                    48,
+                    63,
+                    64,
+                    65,
+                    sizeof(struct weft_timer),
+                    200,
+                    sizeof(struct weft__conn),
+                    sizeof(struct weft__sendbuf)};
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
     check_size(sizes[i], false);
     check_size(sizes[i], true);
@@ -95,8 +104,9 @@ static void test_runtime_objects(void **state) {
   cfg.workers = 2;
   weft_rt *rt;
   assert_int_equal(weft_rt_create(&rt, &cfg), 0);
-  struct weft__pool *pools[] = {&rt->node_pool, &rt->shards[0].strand_pool,
-                                &rt->shards[1].timer_pool, &rt->sock_pool};
+  struct weft__pool *pools[] = {
+      &rt->node_pool,     &rt->shards[0].strand_pool, &rt->shards[1].timer_pool,
+      &rt->net.conn_pool, &rt->net.lsock_pool,        &rt->net.send_pool};
   for (size_t i = 0; i < sizeof(pools) / sizeof(pools[0]); i++)
     assert_int_equal(pools[i]->objsize % LINE, 0);
   weft_strand *s[8];

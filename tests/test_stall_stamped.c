@@ -6,7 +6,7 @@
  * once, and never before the threshold.
  *
  *  - Quiet: a ticker strand runs one handler every 200 us (it sleeps, then
- *    re-posts itself). The monitor turns stamping on (rt->stamp; waited
+ *    re-posts itself). The monitor turns stamping on (rt->mon.stamp; waited
  *    for, bounded). A sleeper on another strand (20 ms, threshold 2 ms):
  *    exactly one report names it, with running_ns >= the threshold, made
  *    while it was inside; its thread had stamped it (hstart != 0). No
@@ -24,14 +24,14 @@
  */
 #include "testutil.h"
 
-#include "internal.h" /* rt->stamp, a thread's hstart */
+#include "shard.h" /* rt->mon.stamp, a thread's hstart */
 
 #define THRESHOLD_NS 2000000u
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_reports;      /* naming the sleeper */
 static weft_stall g_report;     /* the first of them */
-static uint64_t g_report_stamp; /* rt->stamp when it was made */
+static uint64_t g_report_stamp; /* rt->mon.stamp when it was made */
 static uint64_t g_report_at;    /* the clock in the callback */
 static weft_rt *g_rt;
 
@@ -44,7 +44,7 @@ static void on_stall(const weft_stall *st, void *ctx) {
   pthread_mutex_lock(&g_mu);
   if (!g_reports++) {
     g_report = *st;
-    g_report_stamp = atomic_load(&g_rt->stamp);
+    g_report_stamp = atomic_load(&g_rt->mon.stamp);
     g_report_at = tu_now_ns();
   }
   pthread_mutex_unlock(&g_mu);
@@ -105,8 +105,8 @@ typedef struct stamp_wait {
 
 static bool stamp_is(void *ctx, char *buf, size_t len) {
   stamp_wait *w = ctx;
-  uint32_t v = atomic_load(&w->rt->stamp);
-  snprintf(buf, len, "rt->stamp is %u", v);
+  uint32_t v = atomic_load(&w->rt->mon.stamp);
+  snprintf(buf, len, "rt->mon.stamp is %u", v);
   return v == w->want;
 }
 
@@ -172,7 +172,7 @@ static void test_quiet_stamped(void **state) {
   tu_phase("stamped: a quiet runtime");
   weft_rt *rt = make_rt(0);
 #ifndef WEFT_TSAN
-  if (!rt->membarrier_ok) { /* the monitor never stamps (stamp_mode) */
+  if (!rt->mon.membarrier_ok) { /* the monitor never stamps (stamp_mode) */
     assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
     assert_int_equal(weft_rt_destroy(rt), 0);
     fprintf(stderr, "test_quiet_stamped: no membarrier here: skipped\n");
@@ -218,7 +218,7 @@ static void test_no_monitor(void **state) {
   atomic_store(&g_stamped_ticks, 0);
   uint64_t until = atomic_load(&g_ticks) + 50;
   tu_wait_count(&g_ticks, until, "50 ticks");
-  assert_int_equal(atomic_load(&rt->stamp), 0);
+  assert_int_equal(atomic_load(&rt->mon.stamp), 0);
   assert_int_equal(atomic_load(&g_stamped_ticks), 0);
   stop_and_destroy(rt, &tk, 1);
   assert_int_equal(reports(), 0);

@@ -27,7 +27,7 @@
  */
 #include "testutil.h"
 
-#include "internal.h" /* which shard a handler runs on, a timer's home */
+#include "shard.h" /* which shard a handler runs on, a timer's home */
 
 #define NTIMERS 100
 #define AFTER_NS 1000000u /* 1 ms */

@@ -3,11 +3,11 @@
  * SQ loses no accept hold and no close count, and drops none twice.
  *
  * Some ring entries must stay counted until an enter has consumed them
- * (io_uring.c, weft__uring_entered): a listener's accept request keeps the
+ * (io_uring.c, entered): a listener's accept request keeps the
  * listener's `active` raised (listen.c, against fd_limit's drop), and a
- * close entry keeps tcp_open up (tcp.c, so that a shutdown does not end
- * before the descriptor is closed). The kernel consumes entries in order
- * and stops at the first one that fails its checks (without
+ * close entry keeps the descriptor counted busy (io_uring.c, so that a shutdown
+ * does not end before the descriptor is closed). The kernel consumes entries in
+ * order and stops at the first one that fails its checks (without
  * IORING_SETUP_SUBMIT_ALL): the entries behind it stay in the SQ for the
  * next enter. Dropping those counts after every enter, or only after one
  * that emptied the SQ, is wrong both ways: early (a shutdown ends before
@@ -17,7 +17,7 @@
  *
  * So this test makes the kernel split submissions: handlers on the runtime
  * threads put an invalid entry (opcode 255, its completion ignored as
- * WEFT_UD_QUIET) into their shard's ring, before and after the accept,
+ * WEFT_OP_QUIET) into their shard's ring, before and after the accept,
  * receive, cancel and close entries of CONNS connections. First it checks
  * on a ring of its own that the kernel does stop there (else the test
  * would check nothing, and says so). Then:
@@ -35,7 +35,8 @@
 
 #include <liburing.h>
 
-#include "tcp.h" /* internal.h, and weft__listener_active */
+#include "io_uring.h" /* weft__uring_sqe, struct weft__io */
+#include "listen.h"   /* weft__listener_active */
 
 #define NWORKERS 2
 #define BATCH 16 /* client connections open at once */
@@ -61,11 +62,11 @@ static void maybe_inject(ctx *x) {
   unsigned n = (unsigned)(tu_rand(&rng) % 3);
   struct weft__shard *sh = weft__local_begin(x->rt);
   for (unsigned i = 0; sh && i < n; i++) {
-    struct io_uring_sqe *sqe = weft__uring_sqe(sh);
+    struct io_uring_sqe *sqe = weft__uring_sqe(weft__io_of(sh));
     if (!sqe)
       break;
     io_uring_prep_rw(BAD_OPCODE, sqe, -1, NULL, 0, 0);
-    io_uring_sqe_set_data64(sqe, WEFT_UD_QUIET);
+    io_uring_sqe_set_data64(sqe, WEFT_OP_QUIET); /* nobody's: ignored */
     atomic_fetch_add(&x->injected, 1);
   }
   weft__local_end(sh);
@@ -164,11 +165,11 @@ static void *client_main(void *arg) {
 /* After a shutdown: no ring has a hold or a close count left. */
 static void check_rings(weft_rt *rt) {
   for (unsigned i = 0; i < rt->nshards; i++) {
-    if (!rt->ios[i].ring)
+    if (!rt->io.ios[i].ring)
       continue;
-    if (rt->ios[i].holds != NULL || rt->ios[i].close_n != 0)
+    if (rt->io.ios[i].holds != NULL || rt->io.ios[i].close_n != 0)
       fail_msg("shard %u's ring after shutdown: holds %p, closes %u", i,
-               (void *)rt->ios[i].holds, rt->ios[i].close_n);
+               (void *)rt->io.ios[i].holds, rt->io.ios[i].close_n);
   }
 }
 
@@ -199,7 +200,7 @@ static void test_partial_submit(void **state) {
   client cl = {0, TU_SCALED(4000, 300), 0};
   cl.port = setup(&rt, &x, &l);
   print_message("[ INFO     ] accepts: %s\n",
-                rt->ring_accept ? "ring requests" : "poll and accept4");
+                rt->io.ring_accept ? "ring requests" : "poll and accept4");
   pthread_t th;
   tu_thread_start(&th, client_main, &cl);
   tu_thread_join(th, "client");

@@ -1,0 +1,51 @@
+/*
+ * io_uring.h, io_uring.c - the io_uring backend: one ring per shard, used
+ * only by the thread holding the shard. What io.c calls; nothing else in
+ * src/ includes this header.
+ */
+#ifndef WEFT_IO_URING_H
+#define WEFT_IO_URING_H
+
+#include "io.h"
+
+struct io_uring_sqe;
+
+/* probe: a probe ring, which checks the opcodes and features and is torn
+ * down at once; else a shard's ring with its provided buffers. */
+int weft__uring_setup(struct weft__io *io, bool probe);
+void weft__uring_teardown(struct weft__io *io);
+/* Whether accepts that never wait in the kernel exist (IORING_ACCEPT_
+ * DONTWAIT, 6.10), as the probe ring found. */
+bool weft__uring_accept_nowait(void);
+/* Enters the ring to submit what is prepared; on a CQ overflow or a lack
+ * of memory for requests it reaps to make room (from the run loop only). */
+void weft__uring_submit(struct weft__io *io);
+/* Dispatches every completion to its handle. */
+void weft__uring_reap(struct weft__io *io);
+/* Parks in the ring until an event, a wake or deadline; reaps nothing but
+ * wake polls. */
+bool weft__uring_wait(struct weft__io *io, uint64_t deadline);
+
+/* An SQE of io's ring, counted as prepared: if the SQ is full it enters
+ * the ring once to submit (never reaping), and is NULL if it stays full.
+ * Every operation of the backend takes its entry here. */
+struct io_uring_sqe *weft__uring_sqe(struct weft__io *io);
+
+/* The verbs (io.h); io is the calling thread's shard's ring. */
+int weft__uring_recv(struct weft__io *io, int fd, void *buf, size_t len,
+                     bool poll_first, struct weft__ioh *h);
+int weft__uring_recv_multishot(struct weft__io *io, int fd,
+                               struct weft__ioh *h);
+int weft__uring_send(struct weft__io *io, int fd, struct msghdr *msg,
+                     struct weft__ioh *h);
+int weft__uring_connect(struct weft__io *io, int fd,
+                        const struct sockaddr *addr, unsigned addrlen,
+                        struct weft__ioh *h);
+int weft__uring_poll_in(struct weft__io *io, int fd, struct weft__ioh *h);
+int weft__uring_accept(struct weft__io *io, int fd, int flags,
+                       struct weft__ioh *h, struct weft__io_hold *hold);
+int weft__uring_cancel(struct weft__io *io, uint64_t tag, bool now);
+/* false: the ring is full; close it yourself. */
+bool weft__uring_close(struct weft__io *io, int fd);
+
+#endif

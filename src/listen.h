@@ -1,0 +1,28 @@
+/*
+ * listen.h, listen.c - listeners: a listening socket per shard (a socket
+ * of kind SK_LISTEN, sock.h), accepting, running out of descriptors, and
+ * handing each connection to the accept callback on its own strand.
+ */
+#ifndef WEFT_LISTEN_H
+#define WEFT_LISTEN_H
+
+#include "core.h"
+
+/* An accepted connection not yet delivered counts as an item of its
+ * listener (weft_listener_close's done waits for it): held by the
+ * listening socket's strand before the connection is signalled. */
+void weft__listener_hold(struct weft_listener *l);
+/* On the connection's strand: calls the accept callback, then drops the
+ * hold. */
+void weft__listener_deliver(struct weft_listener *l, weft_tcp *conn);
+/* The same, for a connection the user never sees (a shutdown). */
+void weft__listener_delivered(struct weft_listener *l);
+/* For tests: shards accepting without the limit lock now, ring accepts
+ * not yet entered included (0 once the listener is quiet). */
+uint32_t weft__listener_active(const struct weft_listener *l);
+
+/* The runtime's side: the pool at create; every listener at destroy. */
+void weft__listen_init(weft_rt *rt);
+void weft__listen_destroy(weft_rt *rt);
+
+#endif

@@ -1,0 +1,245 @@
+/*
+ * sock.c - the socket object (sock.h): memory, the event word and the
+ * strand handler that hands its bits to the kind, registration with the
+ * backend and the per-shard registries, closing the descriptor, freeing,
+ * and the shutdown sweep. Owns struct weft__sock and the registries.
+ */
+#include "sock.h"
+
+#include "io.h"
+#include "rt.h"
+#include "shard.h"
+#include "strand.h"
+#include "thread.h"
+
+#include <errno.h>
+#include <string.h>
+
+/* ---- the event word ------------------------------------------------------ */
+
+void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
+                       uint64_t bits, uint32_t gen_tag) {
+  uint64_t cur = weft__load(&s->ev, WA_ACQ);
+  for (;;) {
+    if (gen_tag != WEFT_GEN_ANY && (uint16_t)(cur >> 32) != (uint16_t)gen_tag)
+      return; /* an event for an earlier life of this memory */
+    if ((cur & bits) == bits && (cur & EV_QUEUED))
+      return; /* nothing would change: do not write */
+    if (weft__cas(&s->ev, &cur, cur | bits | EV_QUEUED, WA_AR, WA_ACQ))
+      break;
+  }
+  if (cur & EV_QUEUED)
+    return;
+  weft__node_post(s->rt, local, s->strand, &s->node[s->post_idx], false);
+}
+
+void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
+                      const struct weft__cqe *c) {
+  uint64_t bits = 0;
+  if (c->events & WEFT_IO_IN)
+    bits |= EV_IN;
+  if (c->events & WEFT_IO_OUT)
+    bits |= EV_OUT;
+  if (c->events & WEFT_IO_HUP)
+    bits |= EV_HUP;
+  weft__sock_signal(local, s, bits, c->gen);
+}
+
+void weft__sock_notify(struct weft__sock *s, uint64_t bits) {
+  struct weft__shard *sh = weft__local_begin(s->rt);
+  weft__sock_signal(sh, s, bits, s->gen);
+  weft__local_end(sh);
+}
+
+void weft__sock_kick(struct weft__sock *s) { weft__sock_notify(s, EV_KICK); }
+
+bool weft__sock_on_strand(const struct weft__sock *s) {
+  return weft_strand_current() == s->strand;
+}
+
+unsigned weft__sock_home(weft_rt *rt) {
+  struct weft__shard *sh = weft__local_begin(rt);
+  unsigned home = sh ? sh->idx : weft__fetch_add(&rt->net.rr, 1, WA_RLX);
+  weft__local_end(sh);
+  return home % rt->nshards;
+}
+
+static void sock_run(struct weft__sock *s, unsigned idx) {
+  s->post_idx = idx ^ 1;
+  uint32_t bits = (uint32_t)weft__fetch_and(&s->ev, ~EV_LOW, WA_AR);
+  if (s->state == ST_DONE) {
+    if (s->free_pending) {
+      s->free_pending = false;
+      weft__sock_free(s);
+    }
+    return;
+  }
+  s->run(s, bits);
+}
+
+static void sock_run0(void *arg) { sock_run(arg, 0); }
+static void sock_run1(void *arg) { sock_run(arg, 1); }
+
+/* ---- life ------------------------------------------------------------------
+ */
+
+/* Each kind's memory: connections from the shard's cache, listening
+ * sockets (few, long-lived) from the depot. */
+static struct weft__pool *pool_of(weft_rt *rt, int kind) {
+  return kind == SK_CONN ? &rt->net.conn_pool : &rt->net.lsock_pool;
+}
+
+static struct weft__pool_cache *cache_of(struct weft__shard *sh, int kind) {
+  return sh && kind == SK_CONN ? &sh->cache.conn : NULL;
+}
+
+static void mem_free(weft_rt *rt, int kind, struct weft__sock *s) {
+  struct weft__shard *sh = weft__local_begin(rt);
+  weft__pool_free(pool_of(rt, kind), cache_of(sh, kind), s);
+  weft__local_end(sh);
+}
+
+struct weft__sock *
+weft__sock_new(weft_rt *rt, int kind, int fd, weft_strand *strand,
+               void (*run)(struct weft__sock *, uint32_t),
+               void (*done)(struct weft__ioh *, struct weft__shard *, unsigned,
+                            const struct weft__cqe *)) {
+  struct weft__pool *pool = pool_of(rt, kind);
+  struct weft__shard *sh = weft__local_begin(rt);
+  struct weft__sock *s = weft__pool_alloc(pool, cache_of(sh, kind));
+  weft__local_end(sh);
+  if (!s)
+    return NULL;
+  uint64_t ev = weft__load(&s->ev, WA_RLX); /* survives a free */
+  memset(s, 0, offsetof(struct weft__sock, ev));
+  memset((char *)s + offsetof(struct weft__sock, ioh), 0,
+         pool->objsize - offsetof(struct weft__sock, ioh));
+  for (int i = 0; i < 2; i++) {
+    s->node[i].fn = s->node[i].cancel = i ? sock_run1 : sock_run0;
+    s->node[i].arg = s;
+    s->node[i].embedded = 1;
+  }
+  s->ioh.done = done;
+  s->run = run;
+  s->gen = (uint32_t)(ev >> 32);
+  s->fd = fd;
+  s->kind = (uint8_t)kind;
+  s->rt = rt;
+  if (strand) {
+    s->strand = strand;
+  } else if (weft_strand_create(rt, &s->strand) == 0) {
+    s->own_strand = true;
+  } else {
+    mem_free(rt, kind, s);
+    return NULL;
+  }
+  weft__fetch_add(&rt->net.live, 1, WA_RLX);
+  weft__busy_add(rt, 1); /* its descriptor: dropped when closed */
+  return s;
+}
+
+int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {
+  weft_rt *rt = s->rt;
+  /* release: publishes every field the creator set to reapers and
+   * signallers (their acquire CAS), before any event can name s. */
+  weft__store(&s->ev, (uint64_t)s->gen << 32, WA_REL);
+  struct weft__shard *reg = &rt->shards[home % rt->nshards];
+  pthread_mutex_lock(&reg->socks.lock);
+  if (weft__load(&rt->life.closing, WA_SC)) {
+    pthread_mutex_unlock(&reg->socks.lock);
+    return -ESHUTDOWN;
+  }
+  s->reg = reg;
+  s->rnext = reg->socks.list;
+  if (reg->socks.list)
+    reg->socks.list->rprev = s;
+  reg->socks.list = s;
+  pthread_mutex_unlock(&reg->socks.lock);
+  /* An error: the caller discards s, which unregisters it. */
+  return weft__io_watch(rt, reg, s->fd, &s->ioh, s->gen, out);
+}
+
+static void unregister(struct weft__sock *s) {
+  struct weft__shard *reg = s->reg;
+  if (!reg)
+    return;
+  pthread_mutex_lock(&reg->socks.lock);
+  if (s->rprev)
+    s->rprev->rnext = s->rnext;
+  else
+    reg->socks.list = s->rnext;
+  if (s->rnext)
+    s->rnext->rprev = s->rprev;
+  pthread_mutex_unlock(&reg->socks.lock);
+  s->reg = NULL;
+}
+
+void weft__sock_close_fd(struct weft__sock *s) {
+  if (s->fd < 0)
+    return;
+  struct weft__shard *sh = weft__local_begin(s->rt);
+  weft__io_close(s->rt, sh, s->fd);
+  weft__local_end(sh);
+  s->fd = -1;
+}
+
+static void really_free(struct weft__sock *s) {
+  weft_rt *rt = s->rt;
+  unregister(s);
+  if (s->own_strand)
+    weft_strand_release(s->strand);
+  weft__fetch_sub(&rt->net.live, 1, WA_RLX);
+  mem_free(rt, s->kind, s);
+}
+
+static void final_free(void *arg) { really_free(arg); }
+
+void weft__sock_free(struct weft__sock *s) {
+  s->state = ST_DONE;
+  uint64_t cur = weft__load(&s->ev, WA_ACQ);
+  uint64_t next = (uint64_t)(s->gen + 1) << 32;
+  /* Only while no node is queued; else that node's run frees it. Stale
+   * readiness events fail their generation check from here on, so nothing
+   * pushes a node of s again. */
+  if ((cur & EV_QUEUED) || !weft__cas(&s->ev, &cur, next, WA_AR, WA_ACQ)) {
+    s->free_pending = true;
+    return;
+  }
+  /* Not here: the strand still reads the node that is running now. A
+   * pooled node runs after it. Without memory for one, s stays in the
+   * registry as a husk until weft_rt_destroy frees the pools. */
+  weft_rt *rt = s->rt;
+  struct weft__shard *sh = weft__local_begin(rt);
+  struct weft__node *n = weft__node_new(rt, sh, final_free, final_free, s);
+  if (n)
+    weft__node_post(rt, sh, s->strand, n, false);
+  weft__local_end(sh);
+}
+
+void weft__sock_discard(struct weft__sock *s) {
+  weft__sock_close_fd(s);
+  weft__store(&s->ev, (uint64_t)(s->gen + 1) << 32, WA_REL);
+  really_free(s);
+}
+
+/* ---- the runtime's side ----------------------------------------------------
+ */
+
+void weft__socks_shutdown(weft_rt *rt) {
+  if (rt->io.backend == WEFT_BACKEND_NONE)
+    return;
+  for (unsigned i = 0; i < rt->nshards; i++) {
+    struct weft__shard *reg = &rt->shards[i];
+    /* The lock keeps each socket's memory from being freed meanwhile;
+     * its generation check drops the signal for one already freed. */
+    pthread_mutex_lock(&reg->socks.lock);
+    for (struct weft__sock *s = reg->socks.list; s; s = s->rnext)
+      weft__sock_signal(NULL, s, EV_SHUTDOWN, s->gen);
+    pthread_mutex_unlock(&reg->socks.lock);
+  }
+}
+
+void weft__net_stats(weft_rt *rt, weft_stats *out) {
+  out->tcp_live = weft__load(&rt->net.live, WA_RLX);
+  out->recv_nobufs = weft__load(&rt->net.recv_nobufs, WA_RLX);
+}

@@ -1,0 +1,137 @@
+/*
+ * sock.h, sock.c - the socket object that every kind of socket starts with
+ * (a connection, tcp.h; a listening socket, listen.c): its memory, its
+ * event word and strand handler, its registration with the backend and
+ * with the shutdown sweep, and closing its descriptor.
+ *
+ * A socket's state is touched only on its strand, with one exception of
+ * the base: the event word `ev`, which the backends' reapers, closes from
+ * other threads and the shutdown sweep update by CAS (a kind may share
+ * more with its reaper: tcp_recv.c). ev packs the socket's generation
+ * (high 32 bits) and event bits (low 32 bits), one of which, EV_QUEUED,
+ * says that one of the socket's two embedded nodes is queued on its
+ * strand. The protocol (bit-test-and-set, writing only on change):
+ *   signal:  CAS ev: cur -> cur | bits | EV_QUEUED, unless the generation
+ *            differs (a stale readiness event: dropped) or every bit is
+ *            already set with EV_QUEUED (nothing changes: no write at all).
+ *            The signaller that turned EV_QUEUED on pushes node[post_idx].
+ *   run:     (on the strand) post_idx ^= 1, then fetch_and clears every low
+ *            bit (acq_rel) and hands the bits it read to the kind.
+ * So at most one node of a socket is queued at any time, no bit is lost (a
+ * bit set after the clear is either seen by a later run or it queued one),
+ * and a node is never pushed while its previous run is still in progress:
+ * the node pushed after a run cleared EV_QUEUED is the other one, and the
+ * run before it (which used that one) had finished, since one strand runs
+ * one node at a time. post_idx is written by the run before its release
+ * RMW on ev and read by the signaller after its acquire CAS.
+ *
+ * Completions: the reaper stores an operation's result in the socket,
+ * then signals (release); the strand reads it after its acquire.
+ *
+ * Memory: sockets come from pools (one per kind) whose slabs live until
+ * the runtime is destroyed; a pool overwrites only the first 16 bytes of a
+ * free object (node[0]), so ev and its generation survive a free, and a
+ * kind's memory is only ever reused by the same kind. Freeing bumps the
+ * generation by CAS, only while EV_QUEUED is clear.
+ */
+#ifndef WEFT_SOCK_H
+#define WEFT_SOCK_H
+
+#include "io.h"
+#include "strand.h"
+
+#include <pthread.h>
+
+/* Event bits of every kind; a kind's own start at EV_KIND. */
+#define EV_QUEUED (1u << 0)
+#define EV_IN (1u << 1)       /* readiness: readable, hang-up or error */
+#define EV_OUT (1u << 2)      /* readiness: writable, hang-up or error */
+#define EV_HUP (1u << 3)      /* readiness: peer closed its side, or error */
+#define EV_KICK (1u << 4)     /* run the state machine again */
+#define EV_CLOSE (1u << 5)    /* the user closes it */
+#define EV_SHUTDOWN (1u << 6) /* the runtime shuts down */
+#define EV_KIND (1u << 8)
+#define EV_LOW 0xffffffffull
+
+/* a tag for signals that need no generation check */
+#define WEFT_GEN_ANY UINT32_MAX
+
+enum { SK_CONN = 0, SK_LISTEN = 1 };
+/* state: only forward */
+enum {
+  ST_NEW = 0,    /* accepted, callback not yet delivered */
+  ST_CONNECTING, /* weft_tcp_connect: not connected yet */
+  ST_OPEN,       /* connected, or listening */
+  ST_CLOSING,    /* closing: waiting for operations in the kernel */
+  ST_CLOSED,     /* descriptor closed; the user has not closed yet */
+  ST_DONE        /* close callback delivered; freed when no node queued */
+};
+
+struct weft__sock {
+  struct weft__node node[2]; /* node[0] first: the pool may overwrite it */
+  _Atomic uint64_t ev;       /* see the top of this file */
+  struct weft__ioh ioh;      /* its operations' and readiness's handle */
+  /* the kind's strand handler, with the bits the run cleared */
+  void (*run)(struct weft__sock *s, uint32_t bits);
+  unsigned post_idx;
+  uint32_t gen;
+  int fd;
+  uint8_t kind, state;
+  bool own_strand;   /* its strand is weft's, released with it */
+  bool free_pending; /* freed once the queued node has run */
+  weft_rt *rt;
+  weft_strand *strand;
+  struct weft__shard *reg; /* the registry holding it (its socks.lock) */
+  struct weft__sock *rnext, *rprev;
+};
+
+static inline struct weft__sock *weft__sock_of(struct weft__ioh *h) {
+  return (struct weft__sock *)((char *)h - offsetof(struct weft__sock, ioh));
+}
+
+/* A socket of a kind (its memory from that kind's pool, everything zero
+ * but the generation), on strand (NULL: a new strand of its own), with
+ * the kind's handlers; counted as an open descriptor (rt.c, busy). NULL on
+ * ENOMEM (fd is left open). */
+struct weft__sock *
+weft__sock_new(weft_rt *rt, int kind, int fd, weft_strand *strand,
+               void (*run)(struct weft__sock *, uint32_t),
+               void (*done)(struct weft__ioh *, struct weft__shard *, unsigned,
+                            const struct weft__cqe *));
+/* Publishes s (every field set before this call), registers it for the
+ * shutdown sweep and with its home shard's backend (watching output too if
+ * out); -ESHUTDOWN once the runtime shuts down. */
+int weft__sock_register(struct weft__sock *s, unsigned home, bool out);
+/* Frees a socket that was never registered or never seen by the user. */
+void weft__sock_discard(struct weft__sock *s);
+/* Frees s (on its strand) once no node of it is queued. */
+void weft__sock_free(struct weft__sock *s);
+/* Closes the descriptor (through the calling thread's ring if it has one:
+ * io.h); every operation on it has completed. */
+void weft__sock_close_fd(struct weft__sock *s);
+
+/* Sets bits on s and queues its handler if it was not; gen_tag: the
+ * generation the event was registered with (readiness), or WEFT_GEN_ANY.
+ * local: the calling thread's shard, or NULL. */
+void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
+                       uint64_t bits, uint32_t gen_tag);
+/* The same from any thread, for the socket's current life. */
+void weft__sock_notify(struct weft__sock *s, uint64_t bits);
+/* From the socket's strand: run its state machine again soon. */
+void weft__sock_kick(struct weft__sock *s);
+/* A readiness report (io_epoll.c) for s, whose memory may have been reused
+ * since: signalled with the report's generation, so a stale one is
+ * dropped before anything but the event word is read. */
+void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
+                      const struct weft__cqe *c);
+bool weft__sock_on_strand(const struct weft__sock *s);
+/* The home shard of a socket made by the calling thread: its own shard,
+ * or the shards in turn for threads outside the runtime. */
+unsigned weft__sock_home(weft_rt *rt);
+
+/* The runtime's side: the shutdown sweep (every socket gets EV_SHUTDOWN)
+ * and counters. Each kind's pool is its own file's (tcp.c, listen.c). */
+void weft__socks_shutdown(weft_rt *rt);
+void weft__net_stats(weft_rt *rt, weft_stats *out);
+
+#endif

@@ -1,0 +1,62 @@
+/*
+ * strand.h, strand.c - strands (serial executors) and handler nodes: the
+ * life of a strand (create, release, reclaim) and of a node from post to
+ * run. strand.c has the queue's argument.
+ */
+#ifndef WEFT_STRAND_H
+#define WEFT_STRAND_H
+
+#include "core.h"
+#include "runq.h"
+
+/* A handler node: 40 bytes, carved 64 apart (pool.c). In a strand's queue
+ * `link.next` holds the next node (untagged); in the inject queue it holds
+ * the next item (tagged). An embedded node lives inside another object (a
+ * socket, sock.c) and is not returned to the pool after it ran. */
+struct weft__node {
+  struct weft__link link;
+  weft_fn fn;
+  weft_fn cancel;
+  void *arg;
+  uint32_t embedded;
+};
+
+#define WEFT_STRAND_MAGIC 0x57465354u /* "WFST" */
+#define WEFT_STRAND_DEAD 0x44454144u  /* "DEAD" */
+
+/* A strand. Its queue is an intrusive MPSC list whose tail word is also its
+ * state (strand.c has the argument):
+ *   tail == 0          idle: no pending handler, not scheduled
+ *   tail == node       busy: scheduled or running; node is the newest
+ *   tail == node | 1   busy and released: reclaim when drained */
+struct weft_strand {
+  struct weft__link qlink; /* inject-queue link; must stay first */
+  _Atomic uintptr_t tail;  /* see above; pushers exchange it */
+  struct weft__node *head; /* drainer only: next node to run */
+  struct weft__node *ran;  /* drainer only: ran, successor unlinked */
+  weft_rt *rt;
+  _Atomic uint32_t released; /* set by weft_strand_release */
+  uint32_t magic;
+  uint32_t home;      /* its home shard, for good (shard.h, "Homes") */
+  bool self_released; /* drainer only: released from its own handler */
+};
+
+/* Whether s may take posts (not released, not reclaimed while the debug
+ * build keeps its memory): a check for the API's -EBADF. */
+static inline bool weft__strand_live(const weft_strand *s) {
+  return !weft__load(&s->released, WA_RLX) && s->magic == WEFT_STRAND_MAGIC;
+}
+
+/* A node for fn (cancel: what runs instead at a CANCEL shutdown), from
+ * local's cache (NULL: outside any shard). NULL on ENOMEM. */
+struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
+                                  weft_fn fn, weft_fn cancel, void *arg);
+/* Queues n, already accepted (no shutdown check): on strand s, or on any
+ * worker if s is NULL; prio: a timer firing (the shard's priority ring). */
+void weft__node_post(weft_rt *rt, struct weft__shard *local, weft_strand *s,
+                     struct weft__node *n, bool prio);
+/* Run-loop side: runs a node posted without strand, or a strand's turn. */
+void weft__node_run(struct weft__shard *sh, struct weft__node *n);
+void weft__strand_run(struct weft__shard *sh, weft_strand *s);
+
+#endif
