@@ -106,26 +106,29 @@ typedef struct weft_config {
   unsigned timer_slack_ns;
   /* A thread with nothing to run whose shard's next timer is due within
    * this many nanoseconds waits for it by polling the clock instead of
-   * sleeping: the kernel takes longer than that to wake a thread (10-50 us
-   * on a VM), so the sleep would end late. It costs CPU only in the last
-   * timer_spin_ns before a deadline, and stops as soon as work is posted;
-   * socket events that arrive meanwhile wait for the end of the spin.
-   * 0: 20000 (20 us); WEFT_CONFIG_NO_TIMER_SPIN turns it off. */
+   * sleeping: the kernel takes longer than that to wake a thread (tens of
+   * microseconds on a virtual machine), so the sleep would end late. It costs
+   * CPU only in the last timer_spin_ns before a deadline, and stops as soon as
+   * work is posted; socket events that arrive meanwhile wait for the end of the
+   * spin. 0: 20000 (20 us); WEFT_CONFIG_NO_TIMER_SPIN turns it off. */
   unsigned timer_spin_ns;
   /* WEFT_CONFIG_* bits; others must be zero. */
   unsigned flags;
   /* A handler running longer than this is a stall: its shard (run queue,
-   * timers) is handed to a spare thread and the stall is reported. While
-   * no shard runs 100,000 handlers a second or more (and the kernel has
-   * membarrier, 4.14), the runtime's
-   * threads stamp each handler's start (a clock read) and the monitor
-   * looks when a handler could be 1.4 thresholds old, at most that far
-   * apart; with more handlers it looks every half threshold. Either way a
-   * blocked handler is noticed between the threshold and 1.5 times it (one
-   * that computes, a look later; each look up to a twentieth of a
-   * threshold late, its timer slack). Under load each look costs the
-   * machine a thread wakeup: about 700 a second at the default with
-   * stamps, 2000 without (docs/design.md). 0: 1 ms (1000000). At least
+   * timers) is handed to a spare thread and the stall is reported. The
+   * monitor thread looks at the shards: while handlers are few enough that
+   * a clock read each costs less than the looks it saves (the busiest
+   * shard under about a million handlers a second where the clock is read
+   * through the vDSO; the monitor times the read when it starts), and the
+   * kernel has membarrier (4.14), the runtime's threads stamp each
+   * handler's start and the monitor looks when a handler could be 1.4
+   * thresholds old, at most that far apart; with more handlers it looks
+   * every half threshold. Either way a blocked handler is noticed between
+   * the threshold and 1.5 times it (one that computes, a look later; each
+   * look up to a twentieth of a threshold late, its timer slack). Under
+   * load each look costs the machine a thread wakeup, about 1 / (1.4
+   * thresholds) a second while stamped, 2 / threshold while sampled
+   * (docs/design.md, "Stamps and samples"). 0: 1 ms (1000000). At least
    * 50000 (50 us). */
   uint64_t stall_threshold_ns;
   /* Most threads the runtime may run for its shards, spares included.
@@ -153,7 +156,7 @@ typedef struct weft_config {
    * started thread is idle to take it, a timer is started on its shard,
    * or the runtime opens its first socket (which starts them all, since
    * every shard serves sockets). Such a start costs the call that needs
-   * it one thread creation (10-40 us on a 2-vCPU VM), once per shard, and
+   * it one thread creation (tens of microseconds), once per shard, and
    * the thread then stays until shutdown; a first timer on such a shard
    * due sooner than that may be late by it. More threads than CPUs help only
    * handlers that block, so by default the runtime starts one per CPU and

@@ -3,15 +3,18 @@
  * this is a ThreadSanitizer build, and the names of the runtime's types.
  * Internal: nothing in src/ is visible outside the library.
  *
- * The parts, lowest first (each header includes only those below it):
- *   atomics.h clock.h futex.h lock.h pool.h runq.h   leaf utilities
- *   rt.h       the runtime: settings and each part's state
- *   thread.h   runtime threads, and which shard the caller holds
- *   shard.h    a shard, the run loop, the bracket around every handler
- *   strand.h park.h timer.h monitor.h blocking.h    scheduling parts
- *   io.h       the backend verbs; io_uring.h io_epoll.h io_bufring.h
- *              are the backends' own
- *   sock.h     the socket object; tcp.h listen.h tcp_recv.h its kinds
+ * The headers, lowest first; each includes only headers above it here:
+ *   atomics.h clock.h futex.h lock.h   the leaf utilities
+ *   core.h                             this file
+ *   pool.h runq.h park.h thread.h timer.h strand.h monitor.h blocking.h
+ *   timer_serve.h listen.h             the parts' types and calls
+ *   rt.h       the runtime: settings, and each part's state
+ *   shard.h    a shard, the bracket around every handler, homes
+ *   io.h       the backend verbs; io_uring.h io_epoll.h io_bufring.h are
+ *              the backends' own
+ *   sock.h     the socket object; tcp.h and tcp_recv.h, a connection
+ * A part's .c file includes whatever it calls, and docs/design.md has
+ * the table of which file owns what.
  */
 #ifndef WEFT_CORE_H
 #define WEFT_CORE_H

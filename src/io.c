@@ -10,9 +10,9 @@
  * epoll for the whole runtime otherwise (io_uring_disabled, seccomp's
  * EPERM, ENOSYS, an older kernel), so one runtime never mixes backends.
  * WEFT_BACKEND=uring|epoll|none in the environment overrides AUTO only.
- * A probe that succeeds is remembered for the process: a ring costs about
- * 1.3 ms to set up and tear down, and a program that creates runtimes
- * often (tests, tools) should pay it once.
+ * A probe that succeeds is remembered for the process: setting a ring up
+ * and tearing it down costs about a millisecond, and a program that
+ * creates runtimes often (tests, tools) should pay it once.
  *
  * Setup: every shard's backend is set up by the first socket
  * (weft__io_ensure), not by weft_rt_create: a runtime that never opens a

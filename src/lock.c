@@ -12,7 +12,7 @@
  * timer_spin_ns), so that a wait costs at most about twice the better of
  * spinning and sleeping. Nearly all contended takes of a busy wheel end
  * within 2 us; a spin of a few hundred nanoseconds instead sent many of
- * them to sleep, and those sleeps then ended late (BENCHMARKS.md). */
+ * them to sleep, and those sleeps then ended late. */
 #define LOCK_SPIN_NS 20000u
 
 /* The clock is read once per 32 pauses: a pause takes 3-140 cycles by CPU

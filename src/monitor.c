@@ -373,17 +373,14 @@ static uint64_t known_start(struct weft__thread *t, uint64_t hs) {
  * handlers a second than
  *     rate_max = 9 / (7 * threshold) * LOOK_COST_NS / clock read cost
  * and stop above twice that. LOOK_COST_NS is what a look costs the
- * machine when every CPU is busy: on the 2-vCPU guest here the monitor's
- * own run took 12-17 us a look (perf sched; 25 ms a second at 1,500
- * looks under the proxy), and the worker it preempted lost as much
- * again (the proxy's CPU per request fell 6% without a monitor; 1000
- * timers at 1 ms had twice as many 50-200 us gaps with it,
- * BENCHMARKS.md). The clock read is timed at monitor start (clock_cost):
- * 20-30 ns through the vDSO, 1 us or more where the clock source makes
- * it a system call. At the default threshold that is about a million
- * handlers a second at 25 ns (2.5% of a thread's time in clock reads at
- * the switch) and 26,000 at 1 us; the post benchmark's tens of millions
- * are sampled. */
+ * machine when every CPU is busy: the monitor's own run (perf sched
+ * shows tens of microseconds on a small VM) and about as much again for
+ * the worker it preempts (bench/net's proxy under both). The clock
+ * read is timed at monitor start (clock_cost): tens of nanoseconds
+ * through the vDSO, a microsecond or more where the clock source makes it
+ * a system call. At the default threshold that is about a million
+ * handlers a second at 25 ns a read, and tens of thousands at 1 us; a
+ * shard running tens of millions (bench/post) is sampled. */
 #define LOOK_COST_NS 20000u
 
 /* A full barrier on every thread of the runtime, after the flag's store

@@ -81,7 +81,7 @@ static void wake_started(struct weft__thread *t, uint32_t why) {
 
 void weft__kick(struct weft__shard *sh, uint64_t deadline) {
   struct weft__thread *t = weft__load(&sh->owner, WA_ACQ);
-  /* A thread that is not asleep reads timer_next before it sleeps, and one
+  /* A thread that is not asleep reads tm.next before it sleeps, and one
    * asleep until no later than deadline wakes in time: no futex call. A
    * dormant one's sleep_until is UINT64_MAX: any kick starts it. */
   if (!t || deadline >= weft__load(&t->sleep_until, WA_SC))
@@ -309,7 +309,7 @@ static bool sleep_until_woken_(weft_rt *rt, struct weft__thread *t) {
     uint32_t w = weft__load(&t->wake, WA_ACQ);
     if (w == 1)
       return true;
-    /* sleep_until and timer_next are seq_cst on both sides: either we
+    /* sleep_until and tm.next are seq_cst on both sides: either we
      * read the deadline a timer start just moved earlier, or its starter
      * reads a sleep_until later than it (or UINT64_MAX: we are reading)
      * and kicks us (weft__kick). */
@@ -408,7 +408,7 @@ bool weft__park_resume(weft_rt *rt, struct weft__thread *t) {
    * When the waker made the second wakeup right after this thread's, the
    * woken thread was often queued behind its spinning waker for a whole
    * scheduler slice while another CPU idled, and ran milliseconds late
-   * (bench/post's wake test, BENCHMARKS.md). */
+   * (bench/post's wake test). */
   weft__monitor_nudge(rt);
   return true;
 }

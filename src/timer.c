@@ -170,7 +170,7 @@ static bool next_slot(struct weft__wheel *w, uint64_t *tick, unsigned *level,
   return false;
 }
 
-/* timer_next is never later than the wheel's next due slot, but may be
+/* tm.next is never later than the wheel's next due slot, but may be
  * earlier: a cancel leaves it (the owner then wakes at the old deadline,
  * finds nothing due and publishes the exact value here), so that starting
  * and cancelling a timer that is not the earliest stores nothing shared.
@@ -182,14 +182,14 @@ static void publish_next(struct weft__shard *sh) {
   if (next_slot(&sh->tm.wheel, &tick, &l, &s)) {
     next = tick << WEFT_TICK_SHIFT;
     /* The next timer to fire or cascade: fetched now, it is not a cache
-     * miss inside the next hold (8% of the hold time at 10^6 firings/s). */
+     * miss inside the next hold, where it was a large share of the hold. */
     __builtin_prefetch(sh->tm.wheel.slot[l][s].next, 1);
   }
   if (weft__load(&sh->tm.next, WA_RLX) != next)
     weft__store(&sh->tm.next, next, WA_SC);
 }
 
-/* Moves timer_next earlier if t, just inserted, is due before it. */
+/* Moves tm.next earlier if t, just inserted, is due before it. */
 static void lower_next(struct weft__shard *sh, const weft_timer *t) {
   uint64_t next = tick_ceil(t->deadline) << WEFT_TICK_SHIFT;
   if (next < weft__load(&sh->tm.next, WA_RLX))
@@ -287,7 +287,7 @@ bool weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
   /* Quiet: the firings' notify_parked (an RMW on the shared idle word each)
    * waits until the lock is released, and is made once. A thread that is
    * preempted while it holds the lock keeps every other thread off this wheel
-   * (4 ms, a whole tick here), so the hold is kept short. */
+   * for a whole scheduler tick, so the hold is kept short. */
   bool quiet = local && !local->quiet;
   if (quiet)
     local->quiet = true;
@@ -307,7 +307,7 @@ static void maybe_kick(struct weft__shard *home, uint64_t before) {
   uint64_t next = weft__load(&home->tm.next, WA_RLX);
   /* The owner, not self->shard: inside a handler this thread may already
    * have lost home to a handoff without knowing; the new owner must wake.
-   * If the handoff comes after this load, the new owner reads timer_next
+   * If the handoff comes after this load, the new owner reads tm.next
    * when it starts serving home. */
   if (next < before && weft__load(&home->owner, WA_ACQ) != weft__self())
     weft__kick(home, next);
