@@ -201,7 +201,7 @@ int weft__io_cancel(struct weft__shard *sh, struct weft__ioh *h, unsigned op,
 /* sh's backend, to tell later whether a thread holds the same one (a
  * multishot receive's ring); NULL for sh NULL. */
 static inline struct weft__io *weft__io_of(struct weft__shard *sh) {
-  return sh ? weft__load(&sh->io, WA_RLX) : NULL;
+  return sh ? weft__load(&sh->io, WA_ACQ) : NULL;
 }
 /* A buffer of a multishot receive is read: back to its ring. Any thread. */
 void weft__io_buf_put(weft_rt *rt, struct weft__rbuf *b);

@@ -36,8 +36,8 @@
  * -ECANCELED it did not ask for. The CQ is 16 times the SQ;
  * IORING_FEAT_NODROP (5.5) keeps completions that overflow it in the
  * kernel, and an enter that fails with -EBUSY because of them is retried
- * after reaping. Missing features or opcodes (a probe) make setup fail, so
- * that AUTO falls back to epoll.
+ * after the run loop's next reap. Missing features or opcodes (a probe) make
+ * setup fail, so that AUTO falls back to epoll.
  */
 #include "io_uring.h"
 
@@ -231,19 +231,12 @@ static int enter(struct weft__io *io) {
   return r;
 }
 
-void weft__uring_submit(struct weft__io *io) {
-  for (;;) {
-    int r = enter(io);
-    /* Errors other than these are about the ring itself, which we set up
-     * correctly: they leave the SQEs for the next try. */
-    if (r >= 0 || (r != -EBUSY && r != -EAGAIN))
-      return;
-    /* Overflowed completions or no memory for requests: make room. */
-    if (!io_uring_cq_ready(ring_of(io)))
-      return;
-    weft__uring_reap(io);
-  }
-}
+/* An enter that fails leaves its entries for the next one: -EBUSY (the
+ * kernel holds overflowed completions) or -EAGAIN (no memory for
+ * requests) clears once the run loop has reaped, which it does right
+ * after its own submit (io.c, weft__io_poll); other errors are about the
+ * ring itself, which we set up correctly. */
+void weft__uring_submit(struct weft__io *io) { (void)enter(io); }
 
 struct io_uring_sqe *weft__uring_sqe(struct weft__io *io) {
   struct io_uring_sqe *sqe = io_uring_get_sqe(ring_of(io));

@@ -17,8 +17,8 @@ void weft__uring_teardown(struct weft__io *io);
 /* Whether accepts that never wait in the kernel exist (IORING_ACCEPT_
  * DONTWAIT, 6.10), as the probe ring found. */
 bool weft__uring_accept_nowait(void);
-/* Enters the ring to submit what is prepared; on a CQ overflow or a lack
- * of memory for requests it reaps to make room (from the run loop only). */
+/* Enters the ring to submit what is prepared. Never reaps: what a full CQ
+ * or a lack of memory leaves goes with a later enter. */
 void weft__uring_submit(struct weft__io *io);
 /* Dispatches every completion to its handle. */
 void weft__uring_reap(struct weft__io *io);
