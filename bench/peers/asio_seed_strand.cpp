@@ -1,7 +1,7 @@
 // asio_seed_strand.cpp - the seed test case of weft, on standalone Asio.
 //
-// A port, to standalone Asio and C++17, of the test case in
-// shared/context/asio-strand-head-of-line-blocking.txt: W independent chains
+// A port, to standalone Asio and C++17, of the test case in docs/cases.md,
+// "Asio's shared strand implementations": W independent chains
 // of work, each handler creating a NEW Work object with a NEW strand and
 // posting its successor there, run by N threads. With --blocking K, K extra
 // strands each get one handler that blocks its thread until the measurement
