@@ -2,8 +2,8 @@
  * benchutil.h - helpers shared by the benchmarks (bench/NAME.c and
  * examples/seed_strand.c): run a child and capture its stdout, find a peer
  * binary under WEFT_PEER_DIR, read "key":number from a JSON line, take
- * a median, and fault a buffer's pages in. Header-only; every function is
- * static inline.
+ * a median, fault a buffer's pages in, and write a distribution's tail.
+ * Header-only; every function is static inline.
  */
 #ifndef WEFT_BENCHUTIL_H
 #define WEFT_BENCHUTIL_H
@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <spawn.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +117,20 @@ static inline int bench_cmp_dbl(const void *a, const void *b) {
 static inline double bench_median(double *v, int n) {
   qsort(v, (size_t)n, sizeof(*v), bench_cmp_dbl);
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* Appends the upper tail of a distribution to f, for tools/bench-report's
+ * plots: lines "NAME VALUE FRACTION", FRACTION the share of the n samples
+ * at least VALUE, at ranks from the top that grow by about 5% a line (some
+ * 50 lines a decade), then the minimum. sorted: n values, ascending, in ns;
+ * VALUE is in us. */
+static inline void bench_write_tail(FILE *f, const char *name,
+                                    const int64_t *sorted, size_t n) {
+  for (size_t k = 1; k <= n; k += 1 + k / 20)
+    fprintf(f, "%s %.3f %.6g\n", name, (double)sorted[n - k] / 1e3,
+            (double)k / (double)n);
+  if (n)
+    fprintf(f, "%s %.3f 1\n", name, (double)sorted[0] / 1e3);
 }
 
 #endif

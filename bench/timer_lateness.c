@@ -5,10 +5,11 @@
  *  weft: a runtime of --threads workers; --timers periodic timers, each on
  *    its own strand, period --period-us, first deadlines spread evenly over
  *    one period. Each handler records lateness = weft_now_ns() at entry
- *    minus its scheduled deadline (first + k * period, k counting firings
- *    plus missed periods). --busy K strands run ~1 us handlers that re-post
- *    themselves, so timers compete with work; --blocked K strands each run
- *    one handler that sleeps through the whole measurement.
+ *    minus the deadline it fired for (first + k * period, k counting
+ *    firings plus the periods weft reported missed). --busy K strands run
+ *    ~1 us handlers that re-post themselves, so timers compete with work;
+ *    --blocked K strands each run one handler that sleeps through the
+ *    whole measurement.
  *  floor: the same timers with no runtime: --threads threads, each owning
  *    every threads-th timer in deadline order, 1 ns timer slack, sleeping to
  *    the next deadline (a) with clock_nanosleep(TIMER_ABSTIME), (b) with an
@@ -16,16 +17,23 @@
  *    weft: a maximum is the worst of the machine's hiccups in its window,
  *    and a window half as long meets fewer of them. The floor is the
  *    variant with the lower p99. No busy or blocked work.
+ *  late timers, everywhere: a timer that comes late fires once, late, for
+ *    the deadline it was due at, and the periods that passed meanwhile are
+ *    skipped (counted as missed): its next deadline is the first still
+ *    ahead, as with weft's periodic timers, instead of one firing for each
+ *    period passed. So a stall shows at its full length in the maximum
+ *    but as one late sample per timer, not one per period. The floor and
+ *    the Asio peer apply the rule themselves; libuv's repeat skips the
+ *    same way.
  *  slices: the three windows are interleaved, --slices of them each
  *    (default 6): weft, nanosleep, timerfd, then again in a rotated order,
  *    each slice --seconds / --slices long, so that all three meet the
- *    hiccups of the same minutes. On the 2-vCPU guest this was written
- *    on, a vCPU stops for 6-9 ms every second or so, now and then both at
- *    once (BENCHMARKS.md); with one window after the other, a maximum
- *    said more about which window met the longest stop than about what
- *    was measured. --slices 1: one
- *    window each, one after the other. Each slice starts afresh (a new
- *    runtime, new threads) and has its own warm-up.
+ *    hiccups of the same minutes. On a shared guest a vCPU can stop for
+ *    milliseconds at a time; with one window after the other, a maximum
+ *    says more about which window met the longest stop than about what
+ *    was measured. --slices 1: one window each, one after the other.
+ *    Each slice starts afresh (a new runtime, new threads) and has its
+ *    own warm-up.
  *  vcpu stall: nothing but one thread per CPU, pinned to it, SCHED_FIFO
  *    (when permitted), 1 ns slack, sleeping to a deadline every 1 ms for
  *    --seconds; the worst oversleep (vcpu_stall_max_us) and the time spent
@@ -61,7 +69,10 @@
  * object; ratios are weft's p99 over the other's (below 1: weft is better).
  *   build/bench/timer_lateness [--timers T] [--period-us P] [--seconds S]
  *     [--threads N] [--busy K] [--blocked K] [--slices N] [--no-peer]
- *     [--no-spin] [--no-probe]
+ *     [--no-spin] [--no-probe] [--dist FILE]
+ * --dist FILE: the tail of each variant's distribution (weft,
+ * floor_nanosleep, floor_timerfd, then the peers, which append theirs) as
+ * lines "NAME LATENESS_US FRACTION" (bench_write_tail) for a plot.
  */
 #include <weft.h>
 
@@ -88,6 +99,7 @@ struct opts {
   unsigned timers, period_us, threads, busy, blocked, slices;
   double seconds;
   bool peers, spin, probe;
+  const char *dist;
 };
 
 /* cpu: CPU time of the whole process per second of the run, in ms (1000:
@@ -170,9 +182,9 @@ static void samples_init(struct samples *s, const struct opts *o) {
     die("samples", -ENOMEM);
   /* Faulted in now, not by the samples: timer i's samples are a row of
    * cap, and all rows cross a page boundary at about the same sample, so
-   * untouched rows made a burst of ~timers page faults in each slice. On
-   * the PVM guest (2026-12-02) those bursts were the worst lateness of
-   * weft and floor alike, 7-12 ms; the peers fault theirs in first too. */
+   * untouched rows would make a burst of ~timers page faults in each
+   * slice, milliseconds that belong to the benchmark and not to what it
+   * measures; the peers fault theirs in first too. */
   bench_prefault(s->v, (size_t)o->timers * s->cap * sizeof(*s->v));
   bench_prefault(s->late, LATE_CAP * sizeof(*s->late));
 }
@@ -245,8 +257,10 @@ static int cmp_i64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* Percentiles of all samples, in us, and CPU per second; frees them. */
-static struct result summarize(struct samples *s, unsigned timers) {
+/* Percentiles of all samples, in us, and CPU per second; writes their
+ * tail to dist as NAME when dist is not NULL; frees them. */
+static struct result summarize(struct samples *s, unsigned timers, FILE *dist,
+                               const char *name) {
   struct result r = {.missed = s->missed};
   r.cpu = s->wall ? (double)s->cpu * 1e3 / (double)s->wall : 0;
   size_t n = 0;
@@ -259,6 +273,8 @@ static struct result summarize(struct samples *s, unsigned timers) {
     r.p50 = s->v[n / 2] / 1e3;
     r.p99 = s->v[(n * 99) / 100] / 1e3;
     r.max = s->v[n - 1] / 1e3;
+    if (dist)
+      bench_write_tail(dist, name, s->v, n);
   }
   r.n = n;
   episodes(s, timers, &r);
@@ -378,11 +394,13 @@ struct floor_arg {
   uint64_t t0;
   unsigned j, nt;
   bool tfd;
+  uint64_t missed; /* out: periods skipped in the window */
 };
 
 static void *floor_thread(void *p) {
   struct floor_arg *a = p;
   const struct opts *o = a->o;
+  const uint64_t period = o->period_us * 1000ull;
   prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
   /* Timers j, j + nt, j + 2 nt ...: a ring in deadline order. */
   unsigned n = (o->timers - a->j + a->nt - 1) / a->nt, c = 0;
@@ -411,8 +429,12 @@ static void *floor_thread(void *p) {
         die("read timerfd", -errno);
       t = now_ns();
     }
-    record(a->s, a->j + c * a->nt, d, t);
-    next[c] += o->period_us * 1000ull;
+    /* weft's rule for a periodic timer that comes late: the periods that
+     * passed unfired are skipped, not fired in a burst. */
+    uint64_t skip = t > d ? (t - d) / period : 0;
+    if (record(a->s, a->j + c * a->nt, d, t))
+      a->missed += skip;
+    next[c] = d + (skip + 1) * period;
     c = c + 1 == n ? 0 : c + 1;
   }
   close(fd); /* -1 without tfd: harmless */
@@ -429,13 +451,15 @@ static void run_floor(const struct opts *o, bool tfd, struct samples *s) {
   uint64_t t0 = now_ns() + LEAD_NS;
   samples_window(s, o, t0);
   for (unsigned j = 0; j < nt; j++) {
-    a[j] = (struct floor_arg){o, s, t0, j, nt, tfd};
+    a[j] = (struct floor_arg){o, s, t0, j, nt, tfd, 0};
     if (pthread_create(&th[j], NULL, floor_thread, &a[j]))
       die("pthread_create", -EAGAIN);
   }
   sample_window(s);
-  for (unsigned j = 0; j < nt; j++)
+  for (unsigned j = 0; j < nt; j++) {
     pthread_join(th[j], NULL);
+    s->missed += a[j].missed;
+  }
 }
 
 /* ---- vCPU stall probe ---- */
@@ -512,7 +536,11 @@ static struct result run_peer(const struct opts *o, const char *name) {
   snprintf(v[5], sizeof(v[5]), "%g", o->seconds);
   char *argv[] = {path, "--timers", v[0], "--period-us", v[1], "--threads",
                   v[2], "--busy",   v[3], "--blocked",   v[4], "--seconds",
-                  v[5], NULL};
+                  v[5], NULL,       NULL, NULL};
+  if (o->dist) {
+    argv[13] = "--dist";
+    argv[14] = (char *)o->dist;
+  }
   char *out = bench_capture(argv);
   if (!out)
     return r;
@@ -537,7 +565,8 @@ static struct result run_peer(const struct opts *o, const char *name) {
 static void usage(void) {
   fprintf(stderr, "usage: timer_lateness [--timers T] [--period-us P] "
                   "[--seconds S] [--threads N] [--busy K] [--blocked K] "
-                  "[--slices N] [--no-peer] [--no-spin] [--no-probe]\n");
+                  "[--slices N] [--no-peer] [--no-spin] [--no-probe] "
+                  "[--dist FILE]\n");
   exit(2);
 }
 
@@ -574,6 +603,8 @@ static void parse(int argc, char **argv, struct opts *o) {
       o->blocked = num(v, 0, 64);
     else if (!strcmp(a, "--slices"))
       o->slices = num(v, 1, 100);
+    else if (!strcmp(a, "--dist") && *v)
+      o->dist = v;
     else if (strcmp(a, "--seconds") || (o->seconds = strtod(v, &end), *end) ||
              !(o->seconds >= 0.1 && o->seconds <= 600))
       usage();
@@ -616,8 +647,9 @@ static void emit(const char *name, const char *prefix, const struct result *r) {
 
 int main(int argc, char **argv) {
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  struct opts o = {1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 6, 3, true,
-                   true, true};
+  struct opts o = {
+      1000, 1000, cpus > 0 ? (unsigned)cpus : 1, 0, 0, 6, 3, true, true,
+      true, NULL};
   parse(argc, argv, &o);
   struct samples sw, sa, sb;
   samples_init(&sw, &o);
@@ -641,8 +673,14 @@ int main(int argc, char **argv) {
           "handoffs %llu threads %u (%u slices)\n",
           wst_fired, wst_parks, wst_steals, wst_stalls, wst_handoffs,
           wst_threads, o.slices);
-  struct result w = summarize(&sw, o.timers), pa = {0}, pu = {0};
-  struct result fa = summarize(&sa, o.timers), fb = summarize(&sb, o.timers);
+  FILE *dist = o.dist ? fopen(o.dist, "w") : NULL;
+  if (o.dist && !dist)
+    die(o.dist, -errno);
+  struct result w = summarize(&sw, o.timers, dist, "weft"), pa = {0}, pu = {0};
+  struct result fa = summarize(&sa, o.timers, dist, "floor_nanosleep");
+  struct result fb = summarize(&sb, o.timers, dist, "floor_timerfd");
+  if (dist && fclose(dist))
+    die(o.dist, -errno);
   const struct result *f = fb.ok && (!fa.ok || fb.p99 < fa.p99) ? &fb : &fa;
   double stall_max = 0, stall_ms = 0;
   bool stall_rt = false;

@@ -4,20 +4,27 @@
 // One io_context run by --threads threads; --timers asio::steady_timer, each
 // on its own strand (asio::make_strand), period --period-us, first deadlines
 // spread evenly over one period. Each is re-armed from its handler with
-// expires_at(previous deadline + period), so it does not drift (a late timer
-// catches up instead of skipping: missed is always 0). Lateness = CLOCK_
-// MONOTONIC at handler entry minus the deadline. --busy K strands run ~1 us
-// handlers that re-post themselves; --blocked K strands each run one handler
-// that sleeps through the measurement. Threads keep the default timer slack.
+// expires_at(a later deadline of the grid first + k * period), so it does
+// not drift. Lateness = CLOCK_MONOTONIC at handler entry minus the deadline
+// it fired for. A firing more than a period late then skips the periods
+// that passed meanwhile and counts them as missed, as weft's periodic
+// timers do (Asio leaves the rule to the program; without it a late timer
+// would fire once for each period passed). --busy K strands run ~1 us
+// handlers that re-post themselves; --blocked K strands each run one
+// handler that sleeps through the measurement. Threads keep the default
+// timer slack.
 //
 // Samples after a 0.2 s warm-up, deadlines within --seconds; nearest-rank
 // percentiles. Last line: {"impl":"asio","p50_us":X,"p99_us":X,"max_us":X,
-// "samples":N,"missed":0}. Exit status: 0, 2 on bad flags, 1 on failure.
+// "samples":N,"missed":M}. --dist FILE appends the distribution's tail to
+// FILE as lines "asio LATENESS_US FRACTION" (bench/benchutil.h's
+// bench_write_tail). Exit status: 0, 2 on bad flags, 1 on failure.
 
 #include <asio.hpp>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -51,6 +58,7 @@ struct options {
   unsigned timers = 1000, threads = 2, busy = 0, blocked = 0;
   std::uint64_t period_ns = 1000000;
   double seconds = 3;
+  const char *dist = nullptr;
 };
 
 std::atomic<bool> stop{false};
@@ -58,6 +66,7 @@ std::uint64_t period, from, to;
 std::size_t cap;
 std::vector<std::int64_t> samples;
 std::vector<std::uint32_t> counts;
+std::vector<std::uint64_t> missed;
 
 struct Timer {
   Timer(asio::io_context &ioc, unsigned idx, std::uint64_t f)
@@ -76,9 +85,12 @@ struct Timer {
     if (ec)
       return;
     std::uint64_t d = first + k * period;
-    if (d >= from && d < to && counts[i] < cap)
+    std::uint64_t skip = now > d ? (now - d) / period : 0;
+    if (d >= from && d < to && counts[i] < cap) {
       samples[i * cap + counts[i]++] = std::int64_t(now - d);
-    k++;
+      missed[i] += skip;
+    }
+    k += skip + 1;
     if (!stop.load(std::memory_order_relaxed))
       arm();
   }
@@ -97,10 +109,23 @@ void blocked() {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+// Appends the tail of the n sorted samples to the file at path, in
+// bench_write_tail's format.
+bool write_tail(const char *path, std::size_t n) {
+  std::FILE *f = std::fopen(path, "a");
+  if (!f)
+    return false;
+  for (std::size_t k = 1; k <= n; k += 1 + k / 20)
+    std::fprintf(f, "asio %.3f %.6g\n", double(samples[n - k]) / 1e3,
+                 double(k) / double(n));
+  std::fprintf(f, "asio %.3f 1\n", double(samples[0]) / 1e3);
+  return std::fclose(f) == 0;
+}
+
 [[noreturn]] void usage() {
   std::fprintf(stderr, "usage: asio_timer_lateness [--timers T] "
                        "[--period-us P] [--seconds S] [--threads N] "
-                       "[--busy K] [--blocked K]\n");
+                       "[--busy K] [--blocked K] [--dist FILE]\n");
   std::exit(2);
 }
 
@@ -128,6 +153,8 @@ options parse(int argc, char **argv) {
       o.busy = parse_uint(v, 0, 1024);
     else if (!std::strcmp(a, "--blocked"))
       o.blocked = parse_uint(v, 0, 64);
+    else if (!std::strcmp(a, "--dist") && *v)
+      o.dist = v;
     else if (!std::strcmp(a, "--seconds")) {
       o.seconds = std::strtod(v, nullptr);
       if (!(o.seconds >= 0.1 && o.seconds <= 600))
@@ -152,6 +179,7 @@ int main(int argc, char **argv) {
   try {
     samples.resize(std::size_t(o.timers) * cap);
     counts.assign(o.timers, 0);
+    missed.assign(o.timers, 0);
     asio::io_context ioc(int(o.threads));
     auto guard = asio::make_work_guard(ioc);
     std::vector<std::unique_ptr<Timer>> timers;
@@ -182,7 +210,9 @@ int main(int argc, char **argv) {
     for (auto &t : threads)
       t.join();
     std::size_t n = 0;
+    std::uint64_t nmissed = 0;
     for (unsigned i = 0; i < o.timers; i++) {
+      nmissed += missed[i];
       std::copy_n(samples.begin() + std::ptrdiff_t(i * cap), counts[i],
                   samples.begin() + std::ptrdiff_t(n));
       n += counts[i];
@@ -196,9 +226,14 @@ int main(int argc, char **argv) {
            mx = samples[n - 1] / 1e3;
     std::printf("asio: p50 %.2f us, p99 %.2f us, max %.2f us, %zu samples\n",
                 p50, p99, mx, n);
+    if (o.dist && !write_tail(o.dist, n)) {
+      std::fprintf(stderr, "asio_timer_lateness: %s: %s\n", o.dist,
+                   std::strerror(errno));
+      return 1;
+    }
     std::printf("{\"impl\":\"asio\",\"p50_us\":%.2f,\"p99_us\":%.2f,"
-                "\"max_us\":%.2f,\"samples\":%zu,\"missed\":0}\n",
-                p50, p99, mx, n);
+                "\"max_us\":%.2f,\"samples\":%zu,\"missed\":%llu}\n",
+                p50, p99, mx, n, (unsigned long long)nmissed);
     std::fflush(stdout);
     // Timers and strands are torn down with the io_context, which is stopped.
   } catch (const std::exception &e) {

@@ -11,11 +11,12 @@
  *
  * Lateness is measured from the intended grid (first + j * period). libuv
  * re-arms a repeating timer from the loop time of its firing (loop time + 1
- * period), so a firing that comes late by a whole period shifts the timer:
- * each firing is attributed to the latest grid point at or before the loop
- * time it was due at, and the grid points passed over are counted as
- * missed, as weft counts them. So lateness = the millisecond rounding of
- * the due time plus the loop's own delay. Never negative.
+ * period), so a firing that comes late by a whole period shifts the timer
+ * and skips the periods passed over, as weft's periodic timers do: each
+ * firing is attributed to the latest grid point at or before the loop time
+ * it was due at, and the grid points passed over are counted as missed, as
+ * weft counts them. So lateness = the millisecond rounding of the due time
+ * plus the loop's own delay. Never negative.
  *
  * --busy K: K uv_idle_t handles, spread over the loops, each doing ~1 us of
  * work per loop iteration. --blocked K: K one-shot handlers, spread over the
@@ -24,7 +25,8 @@
  *
  * Samples after a 0.2 s warm-up, deadlines within --seconds; nearest-rank
  * percentiles. Last line: {"impl":"uv","p50_us":X,"p99_us":X,"max_us":X,
- * "samples":N,"missed":M}. Exit status: 0, 2 on bad flags, 1 on failure.
+ * "samples":N,"missed":M}. --dist FILE appends the distribution's tail to
+ * FILE (bench_write_tail). Exit status: 0, 2 on bad flags, 1 on failure.
  */
 #include <uv.h>
 
@@ -144,7 +146,8 @@ static void *loop_thread(void *p) {
 
 static void usage(void) {
   fprintf(stderr, "usage: uv_timer_lateness [--timers T] [--period-us P] "
-                  "[--seconds S] [--threads N] [--busy K] [--blocked K]\n");
+                  "[--seconds S] [--threads N] [--busy K] [--blocked K] "
+                  "[--dist FILE]\n");
   exit(2);
 }
 
@@ -163,6 +166,7 @@ static int cmp_i64(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
   double seconds = 3;
+  const char *dist = NULL;
   ntimers = 1000;
   nthreads = 2;
   period = MS;
@@ -180,6 +184,8 @@ int main(int argc, char **argv) {
       nbusy = parse_uint(v, 0, 1024);
     else if (!strcmp(a, "--blocked"))
       nblocked = parse_uint(v, 0, 64);
+    else if (!strcmp(a, "--dist") && *v)
+      dist = v;
     else if (!strcmp(a, "--seconds")) {
       seconds = strtod(v, NULL);
       if (!(seconds >= 0.1 && seconds <= 600))
@@ -238,6 +244,14 @@ int main(int argc, char **argv) {
   qsort(samples, n, sizeof(*samples), cmp_i64);
   double p50 = samples[n / 2] / 1e3, p99 = samples[n * 99 / 100] / 1e3,
          mx = samples[n - 1] / 1e3;
+  FILE *f = dist ? fopen(dist, "a") : NULL;
+  if (dist && !f)
+    die(dist, uv_translate_sys_error(errno));
+  if (f) {
+    bench_write_tail(f, "uv", samples, n);
+    if (fclose(f))
+      die(dist, uv_translate_sys_error(errno));
+  }
   printf("uv: p50 %.2f us, p99 %.2f us, max %.2f us, %zu samples, %llu "
          "missed\n",
          p50, p99, mx, n, (unsigned long long)missed);
