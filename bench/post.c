@@ -8,9 +8,9 @@
  *    the chain length. Each worker runs one chain (a worker with both
  *    leaves one to steal), so it is post_run_ns again unless the two
  *    workers slow each other down: through a shared cache line (with
- *    48-byte nodes, two neighbours in one line made it about twice
- *    post_run_ns here; BENCHMARKS.md) or by both chains running on one
- *    worker.
+ *    48-byte nodes, two neighbours in one line made it about four times
+ *    post_run_ns; tests/test_pool_lines.c) or by both chains running on
+ *    one worker.
  *  wake_p50_us / wake_p99_us: a thread outside the runtime posts to a
  *    runtime that is parked (it sleeps ~200 us between posts); the time from
  *    just before weft_post_rt to the handler's first instruction.

@@ -9,9 +9,9 @@
  * its own accept queue and lock, and each is served by its own strand, so
  * nothing on the accept path is shared between shards, in the kernel or
  * here (compare one socket whose accept queue every thread contends on,
- * docs/cases.md: HAProxy's multi-threaded accept). The cost: a stuck shard's
- * queue waits for the monitor's handoff, and another process of the same
- * user may join the group; WEFT_LISTEN_SINGLE avoids the latter.
+ * docs/cases.md, "HAProxy's multi-threaded accept"). The cost: a stuck
+ * shard's queue waits for the monitor's handoff, and another process of
+ * the same user may join the group; WEFT_LISTEN_SINGLE avoids the latter.
  *
  * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike): a listener
  * keeps one spare descriptor (/dev/null). On the error it closes the spare,

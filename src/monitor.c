@@ -28,8 +28,7 @@
  * monitor pays one membarrier per stall. The registration for it is done in
  * weft_rt_create before the runtime starts a thread: with other threads of
  * the process running, the kernel waits for an RCU grace period first,
- * tens of milliseconds (docs/cases.md: Glommio paid it at the first
- * sleep).
+ * tens of milliseconds (docs/cases.md, "Glommio's first sleep").
  * Without membarrier (old kernel, seccomp) stalls are reported, not handed
  * off, and handlers are never stamped (below). ThreadSanitizer builds use
  * seq_cst stores and loads instead, a correct Dekker protocol on its own that

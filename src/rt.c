@@ -383,8 +383,8 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
   weft__idle_add_dormant(rt);
   /* Before the first thread of ours exists: with other threads of the
    * process running, registering costs an RCU grace period, tens of
-   * milliseconds (docs/cases.md, the first timer). A process that has
-   * threads already pays it here, in create, once. */
+   * milliseconds (docs/cases.md, "Glommio's first sleep"). A process that
+   * has threads already pays it here, in create, once. */
   if (!(c.flags & WEFT_CONFIG_NO_MONITOR))
     rt->mon.membarrier_ok = weft__membarrier_register();
   /* Rings or epoll sets, eventfds: before any thread can sleep in them. */

@@ -6,7 +6,8 @@
  * a slab end up in different threads' caches. pool.c rounds every object
  * to whole cache lines so that a write to one never takes a line from the
  * thread using its neighbour (40-byte nodes packed at 48 bytes made two
- * self-posting strands on two workers 4x slower; BENCHMARKS.md).
+ * self-posting strands on two workers 4x slower; commit "pool: objects
+ * fill whole cache lines").
  *
  *  - Sizes: for object sizes from 1 byte to a socket's, each pool's object
  *    size is a whole number of lines, at least the size asked for.
