@@ -26,6 +26,10 @@
 #   make bench-net  the same build, then run bench/net: HTTP servers and a
 #                   TCP proxy under wrk against nginx, Asio, libuv and
 #                   HAProxy
+#   make bench-report  the same build, then tools/bench-report: every
+#                   benchmark in 5 alternating rounds, their medians and
+#                   plots written into BENCHMARKS.md and docs/img/ (deps:
+#                   the above and python3-matplotlib)
 #   make format | format-check                   clang-format the sources
 #   make clean      remove the build directories
 #
@@ -36,7 +40,8 @@
 # and build output), CTEST_TIMEOUT (seconds per test, default 300),
 # CTEST_ARGS (more ctest arguments, e.g. -R strand), BENCH_SKIP (shell
 # patterns of build/bench/ programs not to run), BENCH_NET_ARGS (bench/net
-# options, e.g. --seconds 10 --connections 100).
+# options, e.g. --seconds 10 --connections 100), BENCH_REPORT_ARGS
+# (tools/bench-report options, e.g. --rounds 7 --only post,net).
 
 .NOTPARALLEL:
 .DEFAULT_GOAL := all
@@ -53,6 +58,7 @@ CTEST_TIMEOUT ?= 300
 CTEST_ARGS ?=
 BENCH_SKIP ?= *helper* _*
 BENCH_NET_ARGS ?=
+BENCH_REPORT_ARGS ?=
 
 WEFT_ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:abort_on_error=0
 WEFT_UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
@@ -82,7 +88,7 @@ TSAN_ARGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread \
              -DWEFT_TEST_SCALE=16
 
 .PHONY: all deps build build-bench demo test test-release test-asan \
-        test-tsan bench bench-net format format-check install clean
+        test-tsan bench bench-net bench-report format format-check install clean
 
 all: build
 
@@ -155,6 +161,11 @@ bench-net:
 	@sh tools/deps.sh bench
 	@$(MAKE) build-bench
 	./bench/net --build build $(BENCH_NET_ARGS)
+
+bench-report:
+	@sh tools/deps.sh report
+	@$(MAKE) build-bench
+	./tools/bench-report --build build $(BENCH_REPORT_ARGS)
 
 format:
 	@command -v $(CLANG_FORMAT) >/dev/null || \

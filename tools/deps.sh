@@ -7,8 +7,10 @@
 #                  sanitizer runtimes for the ASan+UBSan build
 #   demo           make demo: g++ and Asio for the peer programs it compares
 #                  weft with
-#   bench          everything: the above, libuv (peer), and what bench/net
-#                  drives: wrk, nginx, haproxy
+#   bench          the above, libuv (peer), and what bench/net drives:
+#                  wrk, nginx, haproxy
+#   report         everything: bench, and matplotlib for Debian's python3
+#                  (tools/bench-report's plots)
 # Silent when nothing is missing. As root it installs what is missing (the
 # apt-get output goes to a log file, shown if the install fails);
 # otherwise it prints the command to run and fails.
@@ -23,14 +25,16 @@ DEMO_PKGS="g++ libasio-dev"
 # nginx and haproxy on free loopback ports with configs in a temporary
 # directory; the system services these packages bring are not wanted.
 BENCH_PKGS="libuv1-dev wrk nginx haproxy"
+REPORT_PKGS="python3 python3-matplotlib"
 
 case "${1-lib}" in
 "" | lib) PKGS=$LIB_PKGS ;;
 test) PKGS="$LIB_PKGS $TEST_PKGS" ;;
 demo) PKGS="$LIB_PKGS $DEMO_PKGS" ;;
 bench) PKGS="$LIB_PKGS $TEST_PKGS $DEMO_PKGS $BENCH_PKGS" ;;
+report) PKGS="$LIB_PKGS $TEST_PKGS $DEMO_PKGS $BENCH_PKGS $REPORT_PKGS" ;;
 *)
-  echo "usage: sh tools/deps.sh [lib|test|demo|bench]" >&2
+  echo "usage: sh tools/deps.sh [lib|test|demo|bench|report]" >&2
   exit 2
   ;;
 esac
