@@ -65,15 +65,6 @@ static void usage(void) {
   exit(2);
 }
 
-/* The number s, if it is one within [lo, hi]; otherwise the usage. */
-static double number(const char *s, double lo, double hi) {
-  char *end;
-  double v = strtod(s, &end);
-  if (end == s || *end || !(v >= lo && v <= hi))
-    usage();
-  return v;
-}
-
 int main(int argc, char **argv) {
   unsigned threads = 0, clients = 4;
   double seconds = 2;
@@ -81,11 +72,11 @@ int main(int argc, char **argv) {
     if (i + 1 == argc)
       usage();
     if (!strcmp(argv[i], "--threads"))
-      threads = (unsigned)number(argv[i + 1], 0, WEFT_MAX_WORKERS);
+      threads = (unsigned)dc_number(argv[i + 1], 0, WEFT_MAX_WORKERS, usage);
     else if (!strcmp(argv[i], "--clients"))
-      clients = (unsigned)number(argv[i + 1], 1, MAX_CLIENTS);
+      clients = (unsigned)dc_number(argv[i + 1], 1, MAX_CLIENTS, usage);
     else if (!strcmp(argv[i], "--seconds"))
-      seconds = number(argv[i + 1], 0.01, 60);
+      seconds = dc_number(argv[i + 1], 0.01, 60, usage);
     else
       usage();
   }

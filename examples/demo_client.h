@@ -10,6 +10,7 @@
  *  - dc_storm_run: connection after connection until a deadline: connect,
  *    read the server's reply to its end (EOF), check it, close; it counts
  *    the connections answered and those that failed.
+ *  - dc_number: the programs' option values, checked against a range.
  *
  * Header-only, and C that also compiles as C++.
  */
@@ -22,10 +23,22 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+
+/* The number s, if it is one within [lo, hi]; otherwise usage(), which
+ * does not return. */
+static inline double dc_number(const char *s, double lo, double hi,
+                               void (*usage)(void)) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || !(v >= lo && v <= hi))
+    usage();
+  return v;
+}
 
 /* What the storm's server writes on every connection before it closes. */
 #define DC_REPLY "hello\n"

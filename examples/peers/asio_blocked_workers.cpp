@@ -94,15 +94,6 @@ void usage() {
   std::exit(2);
 }
 
-// The number s, if it is one within [lo, hi]; otherwise the usage.
-double number(const char *s, double lo, double hi) {
-  char *end;
-  const double v = std::strtod(s, &end);
-  if (end == s || *end || !(v >= lo && v <= hi))
-    usage();
-  return v;
-}
-
 } // namespace
 
 int main(int argc, char **argv) {
@@ -112,11 +103,11 @@ int main(int argc, char **argv) {
     if (i + 1 == argc)
       usage();
     if (!std::strcmp(argv[i], "--threads"))
-      threads = static_cast<unsigned>(number(argv[i + 1], 0, 1024));
+      threads = static_cast<unsigned>(dc_number(argv[i + 1], 0, 1024, usage));
     else if (!std::strcmp(argv[i], "--seconds"))
-      seconds = number(argv[i + 1], 0.01, 60);
+      seconds = dc_number(argv[i + 1], 0.01, 60, usage);
     else if (!std::strcmp(argv[i], "--period-ms"))
-      period_ms = static_cast<unsigned>(number(argv[i + 1], 1, 1000));
+      period_ms = static_cast<unsigned>(dc_number(argv[i + 1], 1, 1000, usage));
     else
       usage();
   }
