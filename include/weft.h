@@ -375,9 +375,11 @@ typedef uint64_t weft_job;
 /* Queues a job. *job (if job is not NULL) receives its id. done is called
  * exactly once: with work's result, or with -ECANCELED if the job was
  * cancelled before it started (weft_blocking_cancel, or a CANCEL shutdown).
- * Errors: -EINVAL (rt, work or done NULL), -EXDEV (done_strand of another
- * runtime), -EAGAIN (blocking_queue jobs already wait), -ESHUTDOWN, -ENOMEM.
- * Any thread. */
+ * A job is accepted only when a pool thread will run it: when no pool
+ * thread runs and none can be started, the call fails and done is not
+ * called. Errors: -EINVAL (rt, work or done NULL), -EXDEV (done_strand of
+ * another runtime), -EAGAIN (blocking_queue jobs already wait, or no pool
+ * thread could be started), -ESHUTDOWN, -ENOMEM. Any thread. */
 WEFT_API int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
                            weft_strand *done_strand, weft_done_fn done,
                            weft_job *job);

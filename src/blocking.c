@@ -95,15 +95,20 @@ int weft__blocking_init(weft_rt *rt, const weft_config *c) {
   return 0;
 }
 
+/* Returns j's slot to the free list; lock held. */
+static void slot_put(struct weft__blocking *b, struct job *j) {
+  j->id = 0;
+  j->state = J_FREE;
+  j->next = b->free;
+  b->free = j;
+}
+
 static void done_handler(void *arg) {
   struct job *j = arg;
   struct weft__blocking *b = j->rt->blocking;
   j->done(j->arg, j->result);
   pthread_mutex_lock(&b->lock);
-  j->id = 0;
-  j->state = J_FREE;
-  j->next = b->free;
-  b->free = j;
+  slot_put(b, j);
   b->done_count++;
   pthread_mutex_unlock(&b->lock);
 }
@@ -178,30 +183,33 @@ static void *pool_loop(void *p) {
   return NULL;
 }
 
-/* Starts a pool thread if none is idle and the limit allows; lock held. */
-static void maybe_spawn(weft_rt *rt, struct weft__blocking *b) {
+/* Starts a pool thread if none is idle and the limit allows; lock held.
+ * Returns 0, or why no thread could start (-ENOMEM, -EAGAIN): then a
+ * live thread, if there is one, takes the job when it is done with its
+ * own. */
+static int maybe_spawn(weft_rt *rt, struct weft__blocking *b) {
   if (b->idle >= b->queued || b->live >= b->max_threads)
-    return;
-  struct pool_thread *slot = NULL;
+    return 0;
+  struct pool_thread *slot = NULL; /* one is not live: live < max */
   for (unsigned i = 0; i < b->max_threads && !slot; i++)
     if (b->threads[i].state != WEFT_TH_LIVE)
       slot = &b->threads[i];
   struct pool_arg *a = malloc(sizeof(*a));
-  if (!slot || !a) {
-    free(a);
-    return; /* a running thread will take the job */
-  }
+  if (!a)
+    return -ENOMEM;
   if (slot->state == WEFT_TH_EXITED)
     pthread_join(slot->tid, NULL);
   a->rt = rt;
   a->self = slot;
-  if (weft__spawn(&slot->tid, NULL, pool_loop, a)) {
+  int r = weft__spawn(&slot->tid, NULL, pool_loop, a);
+  if (r) {
     slot->state = WEFT_TH_FREE;
     free(a);
-    return;
+    return -r;
   }
   slot->state = WEFT_TH_LIVE;
   b->live++;
+  return 0;
 }
 
 int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
@@ -239,15 +247,24 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
     b->head = j;
   b->tail = j;
   b->queued++;
-  weft__busy_add(rt, 1); /* dropped by deliver */
-  if (job)
-    *job = j->id;
   if (b->idle)
     pthread_cond_signal(&b->cond);
-  maybe_spawn(rt, b);
+  r = maybe_spawn(rt, b);
+  /* Accepted only if some thread will run it: a live one (each takes the
+   * queue's head whenever it is free, and exits only with the queue empty,
+   * both under the lock) or the one just started. */
+  if (r && !b->live) {
+    unlink_job(b, j);
+    slot_put(b, j);
+  } else {
+    r = 0;
+    weft__busy_add(rt, 1); /* dropped by deliver */
+    if (job)
+      *job = j->id;
+  }
   pthread_mutex_unlock(&b->lock);
   weft__busy_drop(rt, 1);
-  return 0;
+  return r;
 }
 
 int weft_blocking_cancel(weft_rt *rt, weft_job id) {
