@@ -445,6 +445,14 @@ typedef void (*weft_drain_fn)(void *arg, weft_tcp *conn);
  * SO_REUSEPORT (the default: the kernel spreads connections over the shards'
  * sockets, so no lock is shared between shards on the accept path). */
 #define WEFT_LISTEN_SINGLE 1u
+/* Bind even where SO_REUSEPORT sockets of the same user already listen
+ * (another process, say, taking over during a restart) and share the
+ * connections with them. Without it an address already in use fails with
+ * -EADDRINUSE, even when what holds it is a SO_REUSEPORT group. The kernel
+ * decides who may join a group, not the listener bound first: a listener
+ * made without the flag keeps out weft listeners made without it, not
+ * those made with it nor other programs' SO_REUSEPORT sockets. */
+#define WEFT_LISTEN_SHARE 2u
 
 typedef struct weft_listen_opts {
   int backlog;    /* listen() backlog per socket; 0: SOMAXCONN */
@@ -461,12 +469,15 @@ typedef struct weft_listener_stats {
 
 /* Listens on addr (IPv4 or IPv6; port 0 picks a free port, the same for
  * every shard's socket) and calls fn(arg, conn) on each new connection's
- * strand. SO_REUSEADDR is set. When descriptors run out (EMFILE, ENFILE)
- * accepting pauses, backing off from 1 ms to 100 ms, and resumes by
- * itself; connections that arrive meanwhile are accepted and closed at
- * once with a spare descriptor kept for that, so clients do not hang.
- * opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too small for
- * the family), -EAFNOSUPPORT (neither IPv4 nor IPv6), -EADDRINUSE,
+ * strand. SO_REUSEADDR is set. An address in use by another listening
+ * socket, weft's or not, fails with -EADDRINUSE unless WEFT_LISTEN_SHARE
+ * is given; the check is made just before the shards' sockets bind, so a
+ * socket bound by someone else in between can still be joined. When
+ * descriptors run out (EMFILE, ENFILE) accepting pauses, backing off from 1 ms
+ * to 100 ms, and resumes by itself; connections that arrive meanwhile are
+ * accepted and closed at once with a spare descriptor kept for that, so clients
+ * do not hang. opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too
+ * small for the family), -EAFNOSUPPORT (neither IPv4 nor IPv6), -EADDRINUSE,
  * -EACCES, -EADDRNOTAVAIL, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend
  * NONE), -EAGAIN (the runtime's first socket could not start every
  * shard's thread: weft_config.eager_workers). Any thread. */

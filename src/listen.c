@@ -9,9 +9,13 @@
  * its own accept queue and lock, and each is served by its own strand, so
  * nothing on the accept path is shared between shards, in the kernel or
  * here (compare one socket whose accept queue every thread contends on,
- * docs/cases.md, "HAProxy's multi-threaded accept"). The cost: a stuck
- * shard's queue waits for the monitor's handoff, and another process of
- * the same user may join the group; WEFT_LISTEN_SINGLE avoids the latter.
+ * docs/cases.md, "HAProxy's multi-threaded accept"). The costs: a stuck
+ * shard's queue waits for the monitor's handoff; and a SO_REUSEPORT socket
+ * of the same user binding the address joins the group, so the group would
+ * join one bound there before it. A bind without SO_REUSEPORT just before
+ * the group's (probe_free) makes an address in use fail instead, unless
+ * the caller shares it (WEFT_LISTEN_SHARE); WEFT_LISTEN_SINGLE binds one
+ * socket without SO_REUSEPORT, which nobody can join.
  *
  * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike): a listener
  * keeps one spare descriptor (/dev/null). On the error it closes the spare,
@@ -441,6 +445,26 @@ static int bind_one(weft_rt *rt, struct weft_listener *l, bool reuseport,
   return fd;
 }
 
+/* Whether l's address is free, by binding it once without SO_REUSEPORT:
+ * the group's sockets would join any SO_REUSEPORT group of the same user
+ * bound there. Port 0: the port picked now, free, is the one the group
+ * binds. 0 or a negative errno (-EADDRINUSE). */
+static int probe_free(weft_rt *rt, struct weft_listener *l) {
+  int fd = weft__tcp_socket(rt, l->addr.ss_family);
+  if (fd < 0)
+    return fd;
+  int one = 1, r = 0;
+  socklen_t len = sizeof(l->addr);
+  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+      bind(fd, (struct sockaddr *)&l->addr, l->addrlen) < 0 ||
+      getsockname(fd, (struct sockaddr *)&l->addr, &len) < 0)
+    r = -errno;
+  else
+    l->addrlen = len;
+  close(fd);
+  return r;
+}
+
 /* A socket that never ran: its timer (if made) goes with it. */
 static void lsock_discard(struct lsock *ls) {
   if (ls->timer)
@@ -488,7 +512,7 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   unsigned flags = opts ? opts->flags : 0;
   int backlog = opts && opts->backlog ? opts->backlog : SOMAXCONN;
   if (!fn || !out || addrlen > sizeof(struct sockaddr_storage) ||
-      (flags & ~WEFT_LISTEN_SINGLE) || backlog < 0)
+      (flags & ~(WEFT_LISTEN_SINGLE | WEFT_LISTEN_SHARE)) || backlog < 0)
     return -EINVAL;
   unsigned n = (flags & WEFT_LISTEN_SINGLE) ? 1 : rt->nshards;
   struct weft_listener *l =
@@ -507,9 +531,12 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   weft__store(&l->reserve, spare, WA_RLX);
   if (spare < 0)
     r = -errno;
+  bool reuseport = n > 1 || (flags & WEFT_LISTEN_SHARE);
+  if (!r && !(flags & WEFT_LISTEN_SHARE) && reuseport)
+    r = probe_free(rt, l);
   unsigned made = 0;
   for (; !r && made < n; made++) {
-    int fd = bind_one(rt, l, n > 1, backlog);
+    int fd = bind_one(rt, l, reuseport, backlog);
     r = fd < 0 ? fd : lsock_add(rt, l, made, fd);
     if (r)
       break;
