@@ -473,17 +473,18 @@ static void lsock_discard(struct lsock *ls) {
 }
 
 static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
-  struct lsock *ls = (struct lsock *)weft__sock_new(rt, SK_LISTEN, fd, NULL,
-                                                    lsock_run, lsock_done);
-  if (!ls) {
+  struct weft__sock *s;
+  int r = weft__sock_new(&s, rt, SK_LISTEN, fd, NULL, lsock_run, lsock_done);
+  if (r) {
     close(fd);
-    return -ENOMEM;
+    return r;
   }
+  struct lsock *ls = (struct lsock *)s;
   ls->lst = l;
   ls->acc_hold.count = &l->active;
   ls->s.state = ST_OPEN;
   ls->readable = true;
-  int r = weft_timer_create(rt, ls->s.strand, &ls->timer);
+  r = weft_timer_create(rt, ls->s.strand, &ls->timer);
   if (!r)
     r = weft__sock_register(&ls->s, i, false);
   if (r) {

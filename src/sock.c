@@ -99,17 +99,17 @@ static void mem_free(weft_rt *rt, int kind, struct weft__sock *s) {
   weft__local_end(sh);
 }
 
-struct weft__sock *
-weft__sock_new(weft_rt *rt, int kind, int fd, weft_strand *strand,
-               void (*run)(struct weft__sock *, uint32_t),
-               void (*done)(struct weft__ioh *, struct weft__shard *, unsigned,
-                            const struct weft__cqe *)) {
+int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
+                   weft_strand *strand,
+                   void (*run)(struct weft__sock *, uint32_t),
+                   void (*done)(struct weft__ioh *, struct weft__shard *,
+                                unsigned, const struct weft__cqe *)) {
   struct weft__pool *pool = pool_of(rt, kind);
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__sock *s = weft__pool_alloc(pool, cache_of(sh, kind));
   weft__local_end(sh);
   if (!s)
-    return NULL;
+    return -ENOMEM;
   uint64_t ev = weft__load(&s->ev, WA_RLX); /* survives a free */
   memset(s, 0, offsetof(struct weft__sock, ev));
   memset((char *)s + offsetof(struct weft__sock, ioh), 0,
@@ -127,15 +127,18 @@ weft__sock_new(weft_rt *rt, int kind, int fd, weft_strand *strand,
   s->rt = rt;
   if (strand) {
     s->strand = strand;
-  } else if (weft_strand_create(rt, &s->strand) == 0) {
-    s->own_strand = true;
   } else {
-    mem_free(rt, kind, s);
-    return NULL;
+    int r = weft_strand_create(rt, &s->strand);
+    if (r) {
+      mem_free(rt, kind, s);
+      return r;
+    }
+    s->own_strand = true;
   }
   weft__fetch_add(&rt->net.live, 1, WA_RLX);
   weft__busy_add(rt, 1); /* its descriptor: dropped when closed */
-  return s;
+  *out = s;
+  return 0;
 }
 
 int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {

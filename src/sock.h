@@ -89,15 +89,16 @@ static inline struct weft__sock *weft__sock_of(struct weft__ioh *h) {
   return (struct weft__sock *)((char *)h - offsetof(struct weft__sock, ioh));
 }
 
-/* A socket of a kind (its memory from that kind's pool, everything zero
- * but the generation), on strand (NULL: a new strand of its own), with
- * the kind's handlers; counted as an open descriptor (rt.c, busy). NULL on
- * ENOMEM (fd is left open). */
-struct weft__sock *
-weft__sock_new(weft_rt *rt, int kind, int fd, weft_strand *strand,
-               void (*run)(struct weft__sock *, uint32_t),
-               void (*done)(struct weft__ioh *, struct weft__shard *, unsigned,
-                            const struct weft__cqe *));
+/* *out: a socket of a kind (its memory from that kind's pool, everything
+ * zero but the generation), on strand (NULL: a new strand of its own),
+ * with the kind's handlers; counted as an open descriptor (rt.c, busy).
+ * Returns 0, -ENOMEM, or -ESHUTDOWN (its own strand refused: the runtime
+ * is shutting down); on error fd is left open. */
+int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
+                   weft_strand *strand,
+                   void (*run)(struct weft__sock *, uint32_t),
+                   void (*done)(struct weft__ioh *, struct weft__shard *,
+                                unsigned, const struct weft__cqe *));
 /* Publishes s (every field set before this call), registers it for the
  * shutdown sweep and with its home shard's backend (watching output too if
  * out); -ESHUTDOWN once the runtime shuts down. */

@@ -60,14 +60,18 @@ static void conn_done(struct weft__ioh *h, struct weft__shard *local,
   weft__sock_signal(local, &c->s, bits, WEFT_GEN_ANY);
 }
 
-static struct weft__conn *conn_new(weft_rt *rt, int fd, weft_strand *strand) {
-  struct weft__conn *c = (struct weft__conn *)weft__sock_new(
-      rt, SK_CONN, fd, strand, conn_run, conn_done);
-  if (c) {
-    c->low = DEFAULT_LOW;
-    c->high = DEFAULT_HIGH;
-  }
-  return c;
+/* 0, -ENOMEM or -ESHUTDOWN (weft__sock_new); fd is left open on error. */
+static int conn_new(struct weft__conn **out, weft_rt *rt, int fd,
+                    weft_strand *strand) {
+  struct weft__sock *s;
+  int r = weft__sock_new(&s, rt, SK_CONN, fd, strand, conn_run, conn_done);
+  if (r)
+    return r;
+  struct weft__conn *c = (struct weft__conn *)s;
+  c->low = DEFAULT_LOW;
+  c->high = DEFAULT_HIGH;
+  *out = c;
+  return 0;
 }
 
 /* ---- write completions ------------------------------------------------- */
@@ -493,8 +497,8 @@ static void conn_run(struct weft__sock *sk, uint32_t bits) {
 
 void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
   unsigned home = weft__sock_home(rt);
-  struct weft__conn *c = conn_new(rt, fd, NULL);
-  if (!c) {
+  struct weft__conn *c;
+  if (conn_new(&c, rt, fd, NULL)) {
     close(fd);
     return;
   }
@@ -724,11 +728,12 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
     return fd;
   }
   unsigned home = weft__sock_home(rt);
-  struct weft__conn *c = conn_new(rt, fd, strand);
-  if (!c) {
+  struct weft__conn *c;
+  r = conn_new(&c, rt, fd, strand);
+  if (r) {
     close(fd);
     free(cn);
-    return -ENOMEM;
+    return r;
   }
   memcpy(&cn->addr, addr, addrlen);
   cn->addrlen = addrlen;
