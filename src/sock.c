@@ -147,19 +147,33 @@ int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {
    * signallers (their acquire CAS), before any event can name s. */
   weft__store(&s->ev, (uint64_t)s->gen << 32, WA_REL);
   struct weft__shard *reg = &rt->shards[home % rt->nshards];
+  /* Listed and watched under the registry's lock, so a shutdown's sweep
+   * (which takes it) sees s only once both are done, or never: with the
+   * watch after the lock, the sweep could close s on its strand first,
+   * and a watch failing on the closed descriptor then had the caller
+   * discard s a second time. A socket freed meanwhile (an event the watch
+   * delivered, handled on its strand) waits for this lock to unlist
+   * itself, and finds s->reg set. */
   pthread_mutex_lock(&reg->socks.lock);
   if (weft__load(&rt->life.closing, WA_SC)) {
     pthread_mutex_unlock(&reg->socks.lock);
     return -ESHUTDOWN;
   }
   s->reg = reg;
+  s->rprev = NULL;
   s->rnext = reg->socks.list;
   if (reg->socks.list)
     reg->socks.list->rprev = s;
   reg->socks.list = s;
+  int r = weft__io_watch(rt, reg, s->fd, &s->ioh, s->gen, out);
+  if (r) { /* no event came: the caller discards s, seen by nobody */
+    reg->socks.list = s->rnext;
+    if (s->rnext)
+      s->rnext->rprev = NULL;
+    s->reg = NULL;
+  }
   pthread_mutex_unlock(&reg->socks.lock);
-  /* An error: the caller discards s, which unregisters it. */
-  return weft__io_watch(rt, reg, s->fd, &s->ioh, s->gen, out);
+  return r;
 }
 
 static void unregister(struct weft__sock *s) {
