@@ -413,7 +413,11 @@ WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
  * with -ESHUTDOWN.
  *
  * Writes are sent in the order they were made, each completed when all its
- * bytes are in the kernel; a partial send is continued, never reordered.
+ * bytes are in the kernel; a partial send is continued, never reordered. A
+ * write call, and each turn of the connection's strand, hands the kernel
+ * at most 1 MiB by itself (the io_uring backend hands it none: its sends
+ * go through the ring); a larger write goes on in later turns, so no
+ * write holds its shard's other strands for longer than that takes.
  * Sends never raise SIGPIPE (MSG_NOSIGNAL); a closed peer gives -EPIPE or
  * -ECONNRESET. EINTR is retried inside weft. */
 struct sockaddr;

@@ -32,6 +32,12 @@
 #define READ_MAX ((size_t)1 << 30)
 #define DEFAULT_LOW ((size_t)64 << 10)
 #define DEFAULT_HIGH ((size_t)1 << 20)
+/* The most bytes a connection sends by direct send(2) calls in one go (a
+ * write call, or one turn of its strand); the rest goes in later turns.
+ * Without the bound, a large write to a reader that keeps draining the
+ * socket looped inside the call for as long as the whole transfer took,
+ * holding the shard and every strand on it. */
+#define SEND_BUDGET ((size_t)1 << 20)
 
 static void conn_run(struct weft__sock *sk, uint32_t bits);
 
@@ -158,19 +164,25 @@ static void advance(struct weft__conn *c, size_t n) {
   }
 }
 
-/* Gathers the queue's unsent iovecs into sb; returns how many. */
-static int gather(struct weft__conn *c, struct weft__sendbuf *sb) {
+/* Gathers the queue's unsent iovecs into sb, at most max bytes of them;
+ * returns how many iovecs. */
+static int gather(struct weft__conn *c, struct weft__sendbuf *sb, size_t max) {
   int k = 0;
-  for (struct weft__wreq *w = c->wq_head; w && k < WEFT_SEND_IOV; w = w->next)
-    for (int i = w->iovpos; i < w->iovcnt && k < WEFT_SEND_IOV; i++)
-      if (w->iov[i].iov_len)
-        sb->iov[k++] = w->iov[i];
+  size_t bytes = 0;
+  for (struct weft__wreq *w = c->wq_head; w && k < WEFT_SEND_IOV && bytes < max;
+       w = w->next)
+    for (int i = w->iovpos; i < w->iovcnt && k < WEFT_SEND_IOV && bytes < max;
+         i++)
+      if (w->iov[i].iov_len) {
+        sb->iov[k] = w->iov[i];
+        if (sb->iov[k].iov_len > max - bytes)
+          sb->iov[k].iov_len = max - bytes;
+        bytes += sb->iov[k++].iov_len;
+      }
   memset(&sb->msg, 0, sizeof(sb->msg));
   sb->msg.msg_iov = sb->iov;
   sb->msg.msg_iovlen = (size_t)k;
-  sb->bytes = 0;
-  for (int i = 0; i < k; i++)
-    sb->bytes += sb->iov[i].iov_len;
+  sb->bytes = bytes;
   return k;
 }
 
@@ -192,17 +204,24 @@ static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
   return sendmsg(c->s.fd, &sb->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 }
 
-/* Readiness: send what the socket takes now. */
+/* Readiness: send what the socket takes now, up to SEND_BUDGET bytes;
+ * beyond that the strand's next turn goes on. */
 static void send_now(struct weft__conn *c) {
   struct weft__sendbuf sb;
+  size_t budget = SEND_BUDGET;
   while (c->wq_head && c->writable) {
-    if (!gather(c, &sb)) {
+    if (!budget) {
+      weft__sock_kick(&c->s);
+      return;
+    }
+    if (!gather(c, &sb, budget)) {
       advance(c, 0); /* only zero-length writes left */
       continue;
     }
     ssize_t n = send_direct(c, &sb);
     if (n >= 0) {
       advance(c, (size_t)n);
+      budget -= (size_t)n;
     } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
       c->writable = false;
     } else if (errno != EINTR) {
@@ -241,6 +260,7 @@ static bool send_ring(struct weft__conn *c) {
  * Without a ring entry (a thread without a shard, a full ring) a
  * non-blocking send goes directly, or the strand tries again later. */
 static void send_submit(struct weft__conn *c) {
+  size_t budget = SEND_BUDGET; /* of direct sends */
   while (c->wq_head && !c->wr_inflight) {
     if (!c->sb) {
       struct weft__shard *sh = weft__local_begin(c->s.rt);
@@ -251,13 +271,15 @@ static void send_submit(struct weft__conn *c) {
         return;
       }
     }
-    if (!gather(c, c->sb)) {
+    if (!gather(c, c->sb, SIZE_MAX)) {
       advance(c, 0);
       continue;
     }
     if (send_ring(c))
       return;
-    if (c->writable) {
+    if (c->writable && budget) {
+      if (!gather(c, c->sb, budget))
+        continue; /* cannot be: gathered above */
       ssize_t n = send_direct(c, c->sb);
       if (n < 0 && errno == EINTR)
         continue;
@@ -266,8 +288,10 @@ static void send_submit(struct weft__conn *c) {
         break;
       }
       bool all = n > 0 && (size_t)n == c->sb->bytes;
-      if (n > 0)
+      if (n > 0) {
         advance(c, (size_t)n);
+        budget -= (size_t)n;
+      }
       if (all)
         continue;
       c->writable = false; /* full: only the ring waits for room */
