@@ -564,7 +564,10 @@ WEFT_API int weft_tcp_shutdown(weft_tcp *c);
  * not yet sent included), then fn(arg, c) runs on the strand. With
  * abortive non-zero the peer gets RST instead of FIN (SO_LINGER 0). c must
  * not be used after this call except in the callbacks still to come.
- * Errors: -EINVAL (c NULL), -EALREADY (already closing). Any thread. */
+ * Errors: -EINVAL (c NULL), -EALREADY (already closing), -ESHUTDOWN
+ * (called from outside the runtime once its shutdown has begun: the
+ * shutdown closes c itself, fn is not called, and weft_rt_destroy frees
+ * it). Any thread. */
 WEFT_API int weft_tcp_close(weft_tcp *c, int abortive, weft_close_fn fn,
                             void *arg);
 
