@@ -134,8 +134,8 @@ typedef struct weft_config {
   /* Most threads the runtime may run for its shards, spares included.
    * 0: 2 * workers + 4. At least workers. */
   unsigned max_threads;
-  /* weft_blocking: most pool threads (0: 64) and most jobs waiting for a
-   * thread (0: 1024). */
+  /* weft_blocking: most pool threads (0: 4 per CPU the process may run
+   * on, at most 64) and most jobs waiting for a thread (0: 1024). */
   unsigned blocking_threads;
   unsigned blocking_queue;
   /* Stall reports: NULL prints one line on stderr, at most once a second. */
@@ -626,6 +626,13 @@ typedef struct weft_stats {
   /* Starts of a shard's thread that failed after weft_rt_create
    * (weft_config.eager_workers). */
   uint64_t thread_start_errors;
+  /* The blocking pool: time its threads have spent in work functions, in
+   * total; threads alive now (idle ones exit after 10 s); jobs waiting for
+   * a thread; jobs in their work function now. */
+  uint64_t blocking_busy_ns;
+  unsigned blocking_threads;
+  unsigned blocking_queued;
+  unsigned blocking_running;
   /* New fields are appended here. */
 } weft_stats;
 

@@ -28,7 +28,6 @@
 
 #define SLOT_BITS 20
 #define POOL_IDLE_NS (10ull * 1000000000u)
-#define DEFAULT_THREADS 64
 #define DEFAULT_QUEUE 1024
 
 enum { J_FREE, J_QUEUED, J_RUNNING, J_DONE };
@@ -59,14 +58,16 @@ struct weft__blocking {
   unsigned max_threads, live, idle;
   uint64_t gen;
   bool stopping;
+  unsigned running; /* jobs in work() */
   uint64_t done_count;
+  uint64_t busy_ns; /* time spent in work(), summed */
 };
 
 int weft__blocking_init(weft_rt *rt, const weft_config *c) {
   struct weft__blocking *b = calloc(1, sizeof(*b));
   if (!b)
     return -ENOMEM;
-  b->max_threads = c->blocking_threads ? c->blocking_threads : DEFAULT_THREADS;
+  b->max_threads = c->blocking_threads; /* resolved by weft_rt_create */
   b->queue_max = c->blocking_queue ? c->blocking_queue : DEFAULT_QUEUE;
   if (b->queue_max + b->max_threads >= (1u << SLOT_BITS)) {
     free(b);
@@ -168,11 +169,16 @@ static void *pool_loop(void *p) {
     struct job *j = b->head;
     unlink_job(b, j);
     j->state = J_RUNNING;
+    b->running++;
     pthread_mutex_unlock(&b->lock);
+    uint64_t t0 = weft__now_ns();
     long result = j->work(j->arg);
+    uint64_t t1 = weft__now_ns();
     pthread_mutex_lock(&b->lock);
     j->result = result;
     j->state = J_DONE;
+    b->running--;
+    b->busy_ns += t1 - t0;
     pthread_mutex_unlock(&b->lock);
     deliver(a.rt, j);
     pthread_mutex_lock(&b->lock);
@@ -310,6 +316,10 @@ void weft__blocking_stats(weft_rt *rt, weft_stats *out) {
   struct weft__blocking *b = rt->blocking;
   pthread_mutex_lock(&b->lock);
   out->blocking_done = b->done_count;
+  out->blocking_busy_ns = b->busy_ns;
+  out->blocking_threads = b->live;
+  out->blocking_queued = b->queued;
+  out->blocking_running = b->running;
   pthread_mutex_unlock(&b->lock);
 }
 

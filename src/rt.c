@@ -206,6 +206,13 @@ static int resolve(weft_config *out) {
     out->max_threads = 2 * out->workers + 4;
   if (out->max_threads < out->workers)
     out->max_threads = out->workers;
+  /* Blocking calls mostly wait (on a disk, a name server), so the pool
+   * may run more threads than CPUs, but not one per job of a burst: 4 per
+   * CPU, at most 64, overlap the waits without crowding the CPUs. */
+  if (!out->blocking_threads) {
+    unsigned n = 4 * cpus_allowed();
+    out->blocking_threads = n < 64 ? n : 64;
+  }
   if (!out->eager_workers)
     out->eager_workers = cpus_allowed();
   if (out->eager_workers > out->workers)

@@ -21,8 +21,17 @@
  *    a worker when none was given; stats.blocking_done counts the done
  *    calls.
  *  - Many short jobs from two threads (scaled): exactly once each.
+ *  - The stats: while saturated, blocking_threads and blocking_running are
+ *    the pool's size and blocking_queued the queue's; at the end nothing
+ *    waits or runs, and blocking_busy_ns holds at least the 20 ms each job
+ *    slept in work.
+ *  - Default size (blocking_threads 0): 4 threads per CPU the process may
+ *    run on, at most 64: with 100 jobs held in work, that many run and the
+ *    rest wait.
  */
 #include "testutil.h"
+
+#include <sched.h>
 
 #define NJOBS 40
 #define NTOPUP (POOL_THREADS + POOL_QUEUE) /* most top-ups possible */
@@ -231,6 +240,12 @@ static void test_saturated_pool(void **state) {
   /* And the queue is still full: more jobs are refused. */
   tu_assert_rc(weft_blocking(rt, work_never, NULL, NULL, done_never, NULL),
                -EAGAIN);
+  /* The stats see the same: every thread in work, a full queue. */
+  weft_stats sat;
+  tu_stats(rt, &sat);
+  assert_int_equal(sat.blocking_threads, POOL_THREADS);
+  assert_int_equal(sat.blocking_running, POOL_THREADS);
+  assert_int_equal(sat.blocking_queued, POOL_QUEUE);
 
   tu_phase("blocking: cancel");
   job *queued = NULL, *running = NULL;
@@ -300,12 +315,67 @@ static void test_saturated_pool(void **state) {
   weft_stats st;
   tu_stats(rt, &st);
   assert_int_equal(st.blocking_done, accepted + 1);
+  assert_int_equal(st.blocking_queued, 0);
+  assert_int_equal(st.blocking_running, 0);
+  /* Each job that ran slept 20 ms in work. */
+  uint64_t ran = 0;
+  for (unsigned i = 0; i < njobs; i++)
+    ran += g_jobs[i].rc == 0 && atomic_load(&g_jobs[i].started);
+  assert_true(st.blocking_busy_ns >= ran * 20000000u);
   assert_int_equal(weft_rt_destroy(rt), 0);
   assert_int_equal(weft_rt_destroy(other), 0);
   /* Nothing else ran afterwards. */
   assert_int_equal(atomic_load(&g_done_total), accepted + 1);
   tu_gate_destroy(&g_gate);
   (void)noop;
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+/* ------------------------------------------------- the default pool size */
+
+static tu_gate g_dgate;
+static tu_count g_din;
+
+static long gated_work(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&g_din, 1);
+  tu_gate_pass(&g_dgate);
+  return 0;
+}
+
+static void gated_done(void *arg, long result) {
+  (void)arg;
+  (void)result;
+}
+
+/* blocking_threads 0: 4 per CPU the process may run on, at most 64. 100
+ * jobs that wait on a gate: that many threads take one each, the rest
+ * wait in the queue. */
+static void test_default_threads(void **state) {
+  (void)state;
+  cpu_set_t set;
+  assert_int_equal(sched_getaffinity(0, sizeof(set), &set), 0);
+  unsigned want = 4u * (unsigned)CPU_COUNT(&set);
+  want = want < 64 ? want : 64;
+  weft_rt *rt;
+  tu_rt_create(&rt, 1, 0);
+  tu_gate_init(&g_dgate);
+  atomic_store(&g_din, 0);
+  for (unsigned i = 0; i < 100; i++)
+    tu_assert_rc(weft_blocking(rt, gated_work, NULL, NULL, gated_done, NULL),
+                 0);
+  tu_wait_count(&g_din, want, "pool threads in work");
+  weft_stats st;
+  tu_stats(rt, &st);
+  assert_int_equal(st.blocking_threads, want);
+  assert_int_equal(st.blocking_running, want);
+  assert_int_equal(st.blocking_queued, 100 - want);
+  tu_gate_open(&g_dgate);
+  assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  tu_stats(rt, &st);
+  assert_int_equal(st.blocking_done, 100);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  tu_gate_destroy(&g_dgate);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
@@ -504,6 +574,7 @@ int main(void) {
       cmocka_unit_test(test_saturated_pool),
       cmocka_unit_test(test_many_short_jobs),
       cmocka_unit_test(test_submit_from_handlers),
+      cmocka_unit_test(test_default_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
