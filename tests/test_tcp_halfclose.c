@@ -175,16 +175,6 @@ static void connected(void *arg, weft_tcp *c, int status) {
   tu_event_add(&e->cl, 1);
 }
 
-static void listener_done(void *arg) { tu_event_add(arg, 1); }
-
-static void stop_listener(weft_listener *l) {
-  tu_event done;
-  tu_event_init(&done);
-  tu_assert_rc(weft_listener_close(l, listener_done, &done), 0);
-  tu_event_wait(&done, 1, "the listener's done callback");
-  tu_event_destroy(&done);
-}
-
 /* ------------------------------------------------------------ half-close */
 
 typedef struct half {
@@ -274,7 +264,7 @@ static void test_half_close(void **state) {
              h.cli.got, h.n2, h.cli.last);
   end_close(&h.cli, 0, 1);
 
-  stop_listener(l);
+  tu_listener_close(l);
   tu_stat_wait w = {rt, 0};
   tu_wait_until(tu_pred_tcp_live_le, &w, "every connection to be freed");
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
@@ -332,7 +322,7 @@ static void test_eof_already_queued(void **state) {
              srv.got, sizeof data, srv.last);
   end_close(&srv, 0, 0);
   close(fd);
-  stop_listener(l);
+  tu_listener_close(l);
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
   tu_assert_rc(weft_rt_destroy(rt), 0);
   end_destroy(&srv);
@@ -393,7 +383,7 @@ static int rst_setup(weft_rt **rt, weft_listener **l, accept_slot *slot,
 static void rst_teardown(weft_rt *rt, weft_listener *l, accept_slot *slot,
                          rst *r) {
   end_close(&r->srv, 0, 0);
-  stop_listener(l);
+  tu_listener_close(l);
   tu_stat_wait w = {rt, 0};
   tu_wait_until(tu_pred_tcp_live_le, &w, "every connection to be freed");
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);

@@ -57,16 +57,6 @@ static void connect_n(uint16_t port, unsigned n) {
   }
 }
 
-static void count_event(void *arg) { tu_event_add(arg, 1); }
-
-static void close_listener(weft_listener *l) {
-  tu_event done;
-  tu_event_init(&done);
-  assert_int_equal(weft_listener_close(l, count_event, &done), 0);
-  tu_event_wait(&done, 1, "the listener's done callback");
-  tu_event_destroy(&done);
-}
-
 static weft_rt *make_rt(void) {
   weft_config cfg;
   weft_config_init(&cfg);
@@ -96,7 +86,7 @@ static void test_group_in_use(void **state) {
   connect_n(port, 8);
   tu_wait_count(&first, 8, "the first listener's accepts");
   assert_int_equal(atomic_load(&second), 0);
-  close_listener(l);
+  tu_listener_close(l);
   end_rt(rt);
 }
 
@@ -130,8 +120,8 @@ static void test_shared(void **state) {
   connect_n(port, 32);
   tu_wait_count(&g_accepted, 32, "accepts of both listeners");
   assert_int_equal(atomic_load(&first) + atomic_load(&second), 32);
-  close_listener(l);
-  close_listener(l2);
+  tu_listener_close(l);
+  tu_listener_close(l2);
   end_rt(rt);
 }
 

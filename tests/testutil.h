@@ -745,6 +745,18 @@ static inline uint16_t tu_tcp_listen_(const char *file, int line, weft_rt *rt,
   return tu_addr_port((struct sockaddr *)&got);
 }
 
+/* A handler or callback that adds one to the tu_event arg. */
+static inline void tu_event_one(void *arg) { tu_event_add(arg, 1); }
+
+/* Closes listener l and waits for its done callback. */
+static inline void tu_listener_close(weft_listener *l) {
+  tu_event done;
+  tu_event_init(&done);
+  tu_assert_rc(weft_listener_close(l, tu_event_one, &done), 0);
+  tu_event_wait(&done, 1, "the listener's done callback");
+  tu_event_destroy(&done);
+}
+
 /* The local port of a plain socket, 0 on error. */
 static inline uint16_t tu_sock_port(int fd) {
   struct sockaddr_storage a;
