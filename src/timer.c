@@ -5,8 +5,7 @@
  *
  * Home shard: a timer lives in the wheel of its strand's home shard (its
  * own home for a timer without strand: shard.h, "Homes"), fixed for its
- * life, so all its state is guarded by that shard's timer lock (but the
- * destroyed bit, which a firing reads without it: run_firing), and all
+ * life, so all its state is guarded by that shard's timer lock, and all
  * timers of one strand share a wheel. Firings are queued on the strand
  * while the lock is held, so handlers are queued in the order the wheel
  * yields deadlines. Per firing, the lock is taken twice: to fire (with the
@@ -17,6 +16,19 @@
  *
  * A firing carries a copy of what it fired with (fn, arg, missed), so a
  * re-arm with other values does not change a firing already queued.
+ *
+ * No stale firing. While FIRED, the timer points at its latest firing. A
+ * start, cancel or destroy that finds it FIRED (the arming it replaces has
+ * fired) tries to move that firing from QUEUED to STALE; the firing, when
+ * it runs, tries to move itself from QUEUED to STARTED. One CAS wins: a
+ * stale firing calls nothing (neither its handler nor, at a CANCEL
+ * shutdown, -ECANCELED) and only settles. Firings older than the latest
+ * were made stale when they stopped being the latest (only a start makes
+ * a new firing while one is in flight: a periodic re-arm waits for none),
+ * so marking the latest suffices. Relaxed is enough on both sides: the
+ * CAS alone decides who owns the call, and nothing is read through the
+ * state; on the timer's strand a cancel happens before the firing's run
+ * (the strand orders its handlers), so the firing's CAS sees STALE.
  *
  * Exactly one outcome per arming: an ARMED timer leaves the wheel either by
  * firing (state FIRED, inflight++, its handler queued) or by cancel (state
@@ -202,12 +214,15 @@ static void tramp_cancel(void *arg);
 /* What a firing fired with, so a re-arm cannot change it. It travels as the
  * arg of an ordinary handler node (freed by whoever runs the node) and is
  * freed by the trampoline. From the timer pool (64-byte objects). */
+enum { F_QUEUED = 0, F_STARTED, F_STALE };
+
 struct firing {
   weft_timer *t;
   weft_timer_fn fn;
   void *arg;
   uint64_t missed;
   uint64_t period; /* for settle: whether to read the clock before the lock */
+  _Atomic uint32_t state; /* F_*: see "No stale firing" above */
 };
 
 /* A firing lives as long as its node, and comes from the node pool: it is
@@ -241,11 +256,13 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
   }
   t->state = WEFT_T_FIRED;
   t->inflight++;
+  t->firing = f;
   f->t = t;
   f->fn = t->fn;
   f->arg = t->arg;
   f->missed = t->missed;
   f->period = t->period;
+  weft__store(&f->state, F_QUEUED, WA_RLX);
   weft__node_post(rt, local, timer_strand(t), n, true);
   if (cancel)
     return;
@@ -357,6 +374,18 @@ static void firing_free(weft_rt *rt, struct firing *f) {
   weft__local_end(sh);
 }
 
+/* t's arming is being replaced (start, cancel, destroy): if it fired and
+ * its handler has not started, it never will. true if that stopped it;
+ * lock held. */
+static bool supersede_locked(weft_timer *t) {
+  if (t->state != WEFT_T_FIRED || !t->firing)
+    return false;
+  struct firing *f = t->firing;
+  t->firing = NULL;
+  uint32_t queued = F_QUEUED;
+  return weft__cas(&f->state, &queued, F_STALE, WA_RLX, WA_RLX);
+}
+
 /* Arms t; lock held. */
 static int start_locked(weft_timer *t, struct weft__shard *home,
                         struct weft__shard *local, uint64_t deadline_ns,
@@ -370,6 +399,7 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
     return -EBUSY;
   if (t->state == WEFT_T_ARMED)
     wheel_remove(&home->tm.wheel, t);
+  supersede_locked(t);
   if (!home->tm.wheel.count) /* nothing to keep in place: catch up with now */
     home->tm.wheel.elapsed = (now ? now : weft__now_ns()) >> WEFT_TICK_SHIFT;
   t->deadline = deadline_ns;
@@ -436,6 +466,8 @@ int weft_timer_cancel(weft_timer *t) {
   if (t->state == WEFT_T_ARMED) {
     wheel_remove(&home->tm.wheel, t);
     r = 0;
+  } else if (supersede_locked(t)) {
+    r = 0;
   }
   t->state = WEFT_T_IDLE; /* a FIRED periodic timer will not re-arm */
   weft__unlock(&home->tm.lock);
@@ -449,6 +481,7 @@ void weft_timer_destroy(weft_timer *t) {
   weft__lock(&home->tm.lock);
   if (t->state == WEFT_T_ARMED)
     wheel_remove(&home->tm.wheel, t);
+  supersede_locked(t);
   t->state = WEFT_T_IDLE;
   weft__fetch_or(&t->owner, WEFT_T_DESTROYED, WA_RLX);
   bool now = t->inflight == 0;
@@ -469,26 +502,36 @@ static uint64_t next_period(const weft_timer *t, uint64_t now,
   return next + m * t->period;
 }
 
-/* After a firing's handler: re-arm a periodic timer, or settle. Returns
- * whether the handler must now be told of a shutdown (-ECANCELED). A
- * periodic firing's re-arm needs the clock, read before the lock to keep the
- * hold short: a deadline that passes between the read and the lock is
+/* After a firing, its handler called or not (stale): re-arm a periodic
+ * timer, or settle. cancel: the run of a CANCEL shutdown, which never
+ * re-arms. Returns whether the timer's handler must now be told of a
+ * shutdown (-ECANCELED), and the fn and arg of its arming to call. A
+ * periodic firing's re-arm needs the clock, read before the lock to keep
+ * the hold short: a deadline that passes between the read and the lock is
  * then not counted as missed; it fires as soon as its wheel is served,
  * which is still after the handler returned. */
-static bool settle(const struct firing *f, bool ran, bool *free_it) {
+static bool settle(struct firing *f, bool cancel, bool *free_it,
+                   weft_timer_fn *fn, void **arg) {
   weft_timer *t = f->t;
   struct weft__shard *home = home_of(t);
   bool cancelled = false;
-  uint64_t now = f->period && ran ? weft__now_ns() : 0;
+  uint64_t now = f->period && !cancel ? weft__now_ns() : 0;
   weft__lock(&home->tm.lock);
   t->inflight--;
-  /* Only the last firing under way re-arms: one that settles while a
+  if (t->state == WEFT_T_FIRED && t->firing == f)
+    t->firing = NULL;
+  /* Only the last firing under way re-arms, and only while the arming
+   * that fired is still the timer's (FIRED): one that settles while a
    * newer firing (of a restart) is still queued would re-arm the newer
    * arming before its handler ran, and the next period could then queue
-   * behind it instead of counting as missed. */
-  if (t->state == WEFT_T_FIRED && ran && t->period && t->inflight == 0) {
+   * behind it instead of counting as missed. The last to settle may be a
+   * stale one (a timer without a strand runs firings in any order), after
+   * the arming's own firing ran: it re-arms that arming. */
+  if (t->state == WEFT_T_FIRED && !cancel && t->period && t->inflight == 0) {
     if (weft__load(&rt_of(t)->life.closing, WA_ACQ)) {
       t->state = WEFT_T_IDLE;
+      *fn = t->fn;
+      *arg = t->arg;
       cancelled = true;
     } else {
       /* The clock is unread if this firing was of a one-shot arming and
@@ -522,24 +565,19 @@ static bool settle(const struct firing *f, bool ran, bool *free_it) {
 }
 
 /* Runs one firing: its handler with status 0 (or -ECANCELED if cancel),
- * unless the timer was destroyed meanwhile, then settles the timer. */
+ * unless a start, cancel or destroy made it stale first; then settles the
+ * timer. */
 static void run_firing(struct firing *f, bool cancel) {
   weft_timer *t = f->t;
   weft_rt *rt = rt_of(t); /* t may be freed once settled */
-  /* Without the lock: t is alive (this firing counts in inflight) and owner is
-   * atomic. A destroy ordered before this firing (on t's strand, or
-   * waited for) set the bit before this load, and a racing one may or
-   * may not be seen, exactly as when the bit was read under the lock: the
-   * lock ordered nothing more, and a hold fewer per firing is a hold
-   * fewer that a preempted thread can keep other threads out of. Relaxed
-   * is enough: nothing is read through the bit, and coherence alone makes
-   * a fetch_or that happens before this load visible to it. */
-  bool skip = weft__load(&t->owner, WA_RLX) & WEFT_T_DESTROYED;
-  if (!skip)
+  uint32_t queued = F_QUEUED;
+  if (weft__cas(&f->state, &queued, F_STARTED, WA_RLX, WA_RLX))
     f->fn(f->arg, cancel ? -ECANCELED : 0, cancel ? 0 : f->missed);
   bool free_it;
-  if (settle(f, !skip && !cancel, &free_it))
-    f->fn(f->arg, -ECANCELED, 0); /* a periodic timer's last call */
+  weft_timer_fn fn;
+  void *arg;
+  if (settle(f, cancel, &free_it, &fn, &arg))
+    fn(arg, -ECANCELED, 0); /* a periodic timer's last call */
   firing_free(rt, f);
   if (free_it)
     timer_free(t);

@@ -8,8 +8,8 @@
  * each level 64 times the one below, about 19.5 hours in all (further
  * deadlines are parked in the last level and cascade again). Slots are
  * circular doubly-linked lists through the timers. All of a shard's wheel
- * and the state of the timers homed there (but the destroyed bit in
- * weft_timer.owner) are guarded by the shard's timer lock, held only for a
+ * and the state of the timers homed there are guarded by the shard's
+ * timer lock, held only for a
  * few pointer operations, never across a handler; any thread may take it,
  * so a thread other than the shard's may serve its expired timers.
  */
@@ -49,14 +49,17 @@ enum { WEFT_T_IDLE = 0, WEFT_T_ARMED = 1, WEFT_T_FIRED = 2 };
 
 /* 64 bytes. All fields but `owner` are guarded by the home shard's lock. */
 struct weft_timer {
-  struct weft__tlist link; /* wheel slot list while ARMED */
-  uint64_t deadline;       /* ns */
-  uint64_t period;         /* ns, 0: one-shot */
+  union {
+    struct weft__tlist link; /* ARMED: its wheel slot's list */
+    void *firing; /* FIRED: its latest firing until that settles, or NULL */
+  };
+  uint64_t deadline; /* ns */
+  uint64_t period;   /* ns, 0: one-shot */
   weft_timer_fn fn;
   void *arg;
   /* its strand, or its home shard | WEFT_T_NOSTRAND; | WEFT_T_DESTROYED
-   * once weft_timer_destroy ran. Set at create; the destroyed bit is set
-   * under the lock and read without it by a firing about to run. */
+   * once weft_timer_destroy ran. Set at create, the destroyed bit under
+   * the lock; atomic since the pointer is read without the lock. */
   _Atomic uintptr_t owner;
   /* state: WEFT_T_*; where: level * 64 + slot while ARMED; inflight: firings
    * queued or running; missed: reported to the next firing. */
