@@ -64,7 +64,8 @@ typedef void (*weft_fn)(void *arg);
 typedef struct weft_stall {
   unsigned shard;      /* the shard whose thread is inside the handler */
   weft_strand *strand; /* its strand, or NULL */
-  void *handler;       /* the handler function, as a pointer */
+  void *handler;       /* the function it is in: the handler, or the timer,
+                          socket or blocking-pool callback weft called */
   uint64_t running_ns; /* how long it had run when noticed */
   int handed_off;      /* 1: the shard was handed to another thread */
 } weft_stall;
@@ -72,6 +73,19 @@ typedef struct weft_stall {
 /* Called on the runtime's monitor thread once per stall; it must return
  * quickly and must not call weft functions that wait. */
 typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
+
+/* Log levels, most severe first. */
+#define WEFT_LOG_ERROR 1 /* weft could not do what it promised */
+#define WEFT_LOG_WARN 2  /* a stall; a resource ran out and weft copes */
+#define WEFT_LOG_INFO 3  /* a change of mode (backend fallback, ...) */
+#define WEFT_LOG_DEBUG 4 /* misuse a call also reports as an error code */
+
+/* Every message weft writes goes through this: msg is one line without
+ * a newline, valid only during the call. Called from any of the
+ * runtime's threads (and from a thread inside a weft call), possibly from
+ * several at once; it must return quickly and must not call weft
+ * functions that wait. */
+typedef void (*weft_log_fn)(void *ctx, int level, const char *msg);
 
 /* weft_config.flags */
 #define WEFT_CONFIG_NO_MONITOR 1u    /* no monitor: no handoff, no reports */
@@ -138,7 +152,8 @@ typedef struct weft_config {
    * on, at most 64) and most jobs waiting for a thread (0: 1024). */
   unsigned blocking_threads;
   unsigned blocking_queue;
-  /* Stall reports: NULL prints one line on stderr, at most once a second. */
+  /* Stall reports: NULL logs one line (WEFT_LOG_WARN) naming the handler,
+   * at most once a second. */
   weft_stall_fn on_stall;
   void *on_stall_ctx;
   /* WEFT_BACKEND_*; 0: AUTO. */
@@ -170,6 +185,14 @@ typedef struct weft_config {
    * shard's timers (waking for them as for their own), and a socket call
    * fails with -EAGAIN until every thread could be started. */
   unsigned eager_workers;
+  /* Messages: log_fn(log_ctx, level, msg) for each of level log_level or
+   * more severe. log_fn NULL: "weft: msg" lines on stderr. log_level 0:
+   * WEFT_LOG_WARN (WEFT_LOG_DEBUG in a library built with WEFT_DEBUG),
+   * or what the environment variable WEFT_LOG (error, warn, info, debug)
+   * says. Stall reports go to on_stall if it is set, else here. */
+  weft_log_fn log_fn;
+  void *log_ctx;
+  int log_level;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */

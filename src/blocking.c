@@ -107,6 +107,7 @@ static void slot_put(struct weft__blocking *b, struct job *j) {
 static void done_handler(void *arg) {
   struct job *j = arg;
   struct weft__blocking *b = j->rt->blocking;
+  weft__calling((void *)j->done);
   j->done(j->arg, j->result);
   pthread_mutex_lock(&b->lock);
   slot_put(b, j);

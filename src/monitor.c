@@ -53,6 +53,7 @@
 
 #include "clock.h"
 #include "futex.h"
+#include "log.h"
 #include "park.h"
 #include "rt.h"
 #include "shard.h"
@@ -297,13 +298,17 @@ static void report(weft_rt *rt, struct weft__monitor *m, weft_stall st,
     m->suppressed++;
     return;
   }
-  fprintf(stderr,
-          "weft: handler %p (strand %p) has run %.1f ms on shard %u; %s"
-          " (%llu more stalls not shown)\n",
-          st.handler, (void *)st.strand, st.running_ns / 1e6, st.shard,
-          st.handed_off ? "its shard moved to another thread"
-                        : "no thread to move its shard to",
-          (unsigned long long)m->suppressed);
+  char name[256], more[64] = "";
+  if (m->suppressed)
+    snprintf(more, sizeof(more), " (%llu more stalls not shown)",
+             (unsigned long long)m->suppressed);
+  weft__log(rt, WEFT_LOG_WARN,
+            "stall: %s on strand %p has run %.1f ms on shard %u; %s%s",
+            weft__addr_name(st.handler, name, sizeof(name)), (void *)st.strand,
+            st.running_ns / 1e6, st.shard,
+            st.handed_off ? "its shard moved to another thread"
+                          : "no thread to move its shard to",
+            more);
   m->last_print_ns = now;
   m->suppressed = 0;
 }

@@ -184,7 +184,8 @@ static int resolve(weft_config *out) {
       (out->max_threads && out->max_threads < out->workers) ||
       out->max_threads > 4 * WEFT_MAX_WORKERS || out->backend < 0 ||
       (out->stack_size && out->stack_size < MIN_STACK_SIZE) ||
-      out->stack_size > ((size_t)1 << 40) || out->backend > WEFT_BACKEND_NONE)
+      out->stack_size > ((size_t)1 << 40) || out->backend > WEFT_BACKEND_NONE ||
+      out->log_level < 0 || out->log_level > WEFT_LOG_DEBUG)
     return -EINVAL;
   if (!out->workers)
     out->workers = cpus_allowed();
@@ -310,6 +311,7 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   rt->mon.stall_ns = c->stall_threshold_ns;
   rt->mon.on_stall = c->on_stall;
   rt->mon.on_stall_ctx = c->on_stall_ctx;
+  weft__log_init(&rt->log, c);
   rt->th.max = c->max_threads;
   rt->th.n = c->workers;
   rt->th.neager = c->eager_workers;

@@ -8,6 +8,7 @@
 #define WEFT_RT_H
 
 #include "core.h"
+#include "log.h"
 #include "park.h"
 #include "pool.h"
 #include "runq.h"
@@ -49,6 +50,7 @@ struct weft_rt {
     void *on_stall_ctx;
     struct weft__monitor *m;
   } mon;
+  struct weft__log log;
 
   struct weft__inject inject;
   struct weft__idle idle;

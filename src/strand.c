@@ -132,8 +132,8 @@ void weft_strand_release(weft_strand *s) {
   /* A load and a store, not an exchange: two racing releases are a bug
    * this cannot catch anyway; a sequential double release it does catch. */
   if (!weft__strand_live(s)) {
-    fprintf(stderr, "weft: weft_strand_release(%p): strand already released\n",
-            (void *)s);
+    weft__log(s->rt, WEFT_LOG_ERROR,
+              "weft_strand_release(%p): strand already released", (void *)s);
     return;
   }
   weft__store(&s->released, 1, WA_RLX);

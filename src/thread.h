@@ -89,6 +89,18 @@ extern _Thread_local struct weft__thread *weft__tls_self
     __attribute__((tls_model("initial-exec")));
 static inline struct weft__thread *weft__self(void) { return weft__tls_self; }
 void weft__set_self(struct weft__thread *t);
+
+/* A trampoline of weft's (a timer's firing, a socket's or the blocking
+ * pool's callback) names the user's function it is about to call, so a
+ * stall report names that function and not weft's code. The store is in
+ * the handler's epoch: the monitor reads cur_fn, then checks that the
+ * epoch is still current (monitor.c, stuck_in), so it names either
+ * function of that handler, never one of another. */
+static inline void weft__calling(void *fn) {
+  struct weft__thread *t = weft__self();
+  if (t)
+    weft__store(&t->cur_fn, fn, WA_RLX);
+}
 void weft__set_current_strand(weft_strand *s);
 
 /* The calling thread acknowledges that the monitor took its shard: true if

@@ -571,13 +571,17 @@ static void run_firing(struct firing *f, bool cancel) {
   weft_timer *t = f->t;
   weft_rt *rt = rt_of(t); /* t may be freed once settled */
   uint32_t queued = F_QUEUED;
-  if (weft__cas(&f->state, &queued, F_STARTED, WA_RLX, WA_RLX))
+  if (weft__cas(&f->state, &queued, F_STARTED, WA_RLX, WA_RLX)) {
+    weft__calling((void *)f->fn);
     f->fn(f->arg, cancel ? -ECANCELED : 0, cancel ? 0 : f->missed);
+  }
   bool free_it;
   weft_timer_fn fn;
   void *arg;
-  if (settle(f, cancel, &free_it, &fn, &arg))
+  if (settle(f, cancel, &free_it, &fn, &arg)) {
+    weft__calling((void *)fn);
     fn(arg, -ECANCELED, 0); /* a periodic timer's last call */
+  }
   firing_free(rt, f);
   if (free_it)
     timer_free(t);
@@ -601,7 +605,9 @@ void weft__timers_flush(weft_rt *rt) {
         if (t->state == WEFT_T_ARMED) { /* out of memory: drop it */
           wheel_remove(w, t);
           t->state = WEFT_T_IDLE;
-          fprintf(stderr, "weft: out of memory cancelling a timer\n");
+          weft__log(rt, WEFT_LOG_ERROR,
+                    "out of memory cancelling a timer: its handler is not "
+                    "told of the shutdown");
         }
       }
     }

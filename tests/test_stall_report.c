@@ -19,7 +19,9 @@
  *    and stats.handoffs stay 0.
  *  - max_threads == workers: the stall is reported with handed_off 0,
  *    nothing is handed off, no thread is added.
- *  - on_stall NULL: the report is a line on stderr.
+ *  - on_stall NULL: the report is a line on stderr naming the handler.
+ *  - log_fn set: the report goes there instead, once, at WEFT_LOG_WARN,
+ *    naming a timer's callback (not weft's code that calls it).
  */
 #include "testutil.h"
 
@@ -66,7 +68,10 @@ static tu_count g_slept;
 static unsigned log_count(void);
 static weft_rt *g_wait_stalls_rt;
 
-static void sleeper(void *arg) {
+/* Not static, and the test is linked with -rdynamic (tests/CMakeLists.txt):
+ * a report can name it. */
+void sleeper(void *arg);
+void sleeper(void *arg) {
   unsigned want_reports = (unsigned)(uintptr_t)arg;
   tu_sleep_ms(20);
   uint64_t dl = tu_deadline_ns(TU_WAIT_S);
@@ -395,8 +400,81 @@ static void test_default_prints(void **state) {
   buf[len] = '\0';
   fprintf(stderr, "captured: %s", buf);
   assert_int_equal(st.total.stalls, 1);
-  assert_non_null(strstr(buf, "weft: handler"));
+  assert_non_null(strstr(buf, "weft: stall: sleeper ("));
   TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+/* ------------------------------------- the log hook, a timer's callback */
+
+/* With log_fn set and on_stall NULL, the report is one message at
+ * WEFT_LOG_WARN through log_fn, not on stderr; it names the user's timer
+ * callback, not weft's code that called it. */
+typedef struct msg_log {
+  pthread_mutex_t m;
+  unsigned n, warn;
+  char first[512];
+} msg_log;
+
+static void on_log(void *ctx, int level, const char *msg) {
+  msg_log *l = ctx;
+  pthread_mutex_lock(&l->m);
+  if (!l->n++)
+    snprintf(l->first, sizeof(l->first), "%s", msg);
+  if (level == WEFT_LOG_WARN)
+    l->warn++;
+  pthread_mutex_unlock(&l->m);
+}
+
+void timer_sleeper(void *arg, int status, uint64_t missed);
+void timer_sleeper(void *arg, int status, uint64_t missed) {
+  (void)missed;
+  TU_CHECK(status == 0);
+  sleeper(arg);
+}
+
+static void test_log_hook_names_callback(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("report: through log_fn, naming a timer's callback");
+  atomic_store(&g_slept, 0);
+  msg_log ml = {.m = PTHREAD_MUTEX_INITIALIZER};
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.stall_threshold_ns = THRESHOLD_NS;
+  cfg.log_fn = on_log;
+  cfg.log_ctx = &ml;
+  weft_rt *rt = NULL;
+  assert_int_equal(weft_rt_create(&rt, &cfg), 0);
+  g_wait_stalls_rt = rt;
+  weft_strand *s;
+  tu_strand_create(rt, &s);
+  weft_timer *t;
+  tu_assert_rc(weft_timer_create(rt, s, &t), 0);
+  tu_assert_rc(weft_timer_start(t, 0, 0, timer_sleeper, NULL), 0);
+  tu_wait_count(&g_slept, 1, "the sleeping timer callback");
+  g_wait_stalls_rt = NULL;
+  weft_timer_destroy(t);
+  weft_strand_release(s);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  print_message("[ INFO     ] logged: %s\n", ml.first);
+  assert_int_equal(ml.n, 1);
+  assert_int_equal(ml.warn, 1);
+  assert_non_null(strstr(ml.first, "stall: timer_sleeper ("));
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+/* log_level out of range is refused. */
+static void test_log_level_checked(void **state) {
+  (void)state;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 1;
+  weft_rt *rt = NULL;
+  cfg.log_level = WEFT_LOG_DEBUG + 1;
+  assert_int_equal(weft_rt_create(&rt, &cfg), -EINVAL);
+  cfg.log_level = -1;
+  assert_int_equal(weft_rt_create(&rt, &cfg), -EINVAL);
 }
 
 int main(void) {
@@ -407,6 +485,8 @@ int main(void) {
       cmocka_unit_test(test_no_monitor),
       cmocka_unit_test(test_no_spare_room),
       cmocka_unit_test(test_default_prints),
+      cmocka_unit_test(test_log_hook_names_callback),
+      cmocka_unit_test(test_log_level_checked),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
