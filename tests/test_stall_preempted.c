@@ -16,6 +16,7 @@
  * them: a handler needing 20 us of CPU that is past 1 ms got less than a
  * quarter of a CPU in any window of 80 us or more. Then, still
  * oversubscribed, a handler that sleeps 50 ms is reported once, naming it.
+ * Skipped under ThreadSanitizer (see the test).
  */
 #include "testutil.h"
 
@@ -84,8 +85,23 @@ static unsigned cpus(void) {
   return 1;
 }
 
+#if defined(__SANITIZE_THREAD__)
+#define UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define UNDER_TSAN 1
+#endif
+#endif
+
 static void test_preempted_not_reported(void **state) {
   (void)state;
+#ifdef UNDER_TSAN
+  /* ThreadSanitizer's runtime takes locks of its own inside every handler;
+   * with more threads than CPUs a preempted holder leaves the others
+   * blocked on them (state S, not R): short handlers really do block
+   * there, and are reported. The check is made in the other builds. */
+  skip();
+#endif
   tu_reset_async_errors();
   tu_phase("preempted: setup");
   unsigned ncpu = cpus();
