@@ -73,39 +73,41 @@ static void sleeper(void *arg) {
 
 /* ---- the echo server: one read or write in flight per connection ------- */
 
+/* Per-connection state, freed in the close callback. */
 struct conn {
   char buf[4096];
 };
 
 static void on_read(void *arg, weft_tcp *c, long n);
 
-static void on_closed(void *arg, weft_tcp *c) {
+static void conn_free(void *data, weft_tcp *c) {
   (void)c;
-  free(arg);
+  free(data);
 }
 
 static void on_written(void *arg, weft_tcp *c, int status) {
   struct conn *k = arg;
   if (status < 0 || weft_tcp_read(c, k->buf, sizeof(k->buf), on_read, k) < 0)
-    weft_tcp_close(c, 0, on_closed, k);
+    weft_tcp_close(c, 0);
 }
 
 static void on_read(void *arg, weft_tcp *c, long n) {
   struct conn *k = arg;
   if (n <= 0 || weft_tcp_write(c, k->buf, (size_t)n, on_written, k) < 0)
-    weft_tcp_close(c, 0, on_closed, k);
+    weft_tcp_close(c, 0);
 }
 
 static void on_accept(void *arg, weft_tcp *c) {
   (void)arg;
   struct conn *k = malloc(sizeof(*k));
   if (!k) {
-    weft_tcp_close(c, 1, on_closed, NULL);
+    weft_tcp_close(c, 1);
     return;
   }
+  weft_tcp_set_data(c, k, conn_free);
   weft_tcp_nodelay(c, 1);
   if (weft_tcp_read(c, k->buf, sizeof(k->buf), on_read, k) < 0)
-    weft_tcp_close(c, 0, on_closed, k);
+    weft_tcp_close(c, 0);
 }
 
 /* ---- main --------------------------------------------------------------- */

@@ -20,13 +20,14 @@
  *
  * Lifetimes: a message is immutable and refcounted (one ref per pending
  * delivery or write). A client is refcounted: its connection holds one
- * ref until it is finished, the room's membership one, each delivery one.
- * The room posts to a member's strand only while it is a member, and a
- * leaving client closes its connection (after which weft may reclaim the
- * strand) only when the room acknowledges the leave: the room's posts
- * to it are ordered, so every delivery ran before. At exit, rooms stop
- * posting before weft_rt_shutdown (weft then closes connections itself),
- * and what is left is freed after weft_rt_destroy.
+ * ref, dropped in the close callback, the room's membership one, each
+ * delivery one. The room posts to a member's strand only while it is a
+ * member, and a leaving client closes its connection (after which weft
+ * may reclaim the strand) only when the room acknowledges the leave: the
+ * room's posts to it are ordered, so every delivery ran before. At exit,
+ * rooms stop posting before weft_rt_shutdown (weft then closes the
+ * connections itself), and the rooms, with the members they still hold,
+ * are freed after weft_rt_destroy.
  * Prints "listening on PORT"; SIGINT or SIGTERM stops it (exit 0).
  */
 #include <weft.h>
@@ -49,17 +50,15 @@ struct room;
 
 struct client {
   atomic_uint refs;
-  weft_tcp *c;       /* valid on its strand until closing */
+  weft_tcp *c;       /* on its strand; NULL after the close callback */
   weft_strand *s;    /* the connection's strand */
   struct room *room; /* set at JOIN, before the join is posted */
   char id[NAME_MAX_LEN + 1];
   /* The client's strand only: */
-  bool joined, leaving, closing, finished;
-  unsigned ops; /* read and writes in flight, our close callback */
+  bool joined, leaving;
   uint64_t dropped;
   size_t rlen;
-  char rbuf[RBUF_SIZE + 1];   /* + 1: a line's NUL */
-  struct client *prev, *next; /* the registry, under g_reg_mu */
+  char rbuf[RBUF_SIZE + 1]; /* + 1: a line's NUL */
 };
 
 struct room {
@@ -95,25 +94,14 @@ static atomic_ulong g_dropped;
 static pthread_mutex_t g_rooms_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct room *g_rooms;
 static bool g_stopping; /* under g_rooms_mu */
-static pthread_mutex_t g_reg_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct client *g_clients;
 
 static void on_read(void *arg, weft_tcp *c, long n);
 
 /* ------------------------------------------------------------- objects */
 
 static void client_unref(struct client *cl) {
-  if (atomic_fetch_sub(&cl->refs, 1) != 1)
-    return;
-  pthread_mutex_lock(&g_reg_mu);
-  if (cl->prev)
-    cl->prev->next = cl->next;
-  else
-    g_clients = cl->next;
-  if (cl->next)
-    cl->next->prev = cl->prev;
-  pthread_mutex_unlock(&g_reg_mu);
-  free(cl);
+  if (atomic_fetch_sub(&cl->refs, 1) == 1)
+    free(cl);
 }
 
 /* A message of the concatenation of four strings. */
@@ -173,29 +161,14 @@ static struct room *room_get(const char *name) {
 
 /* ----------------------------------------------------- the client strand */
 
-static void client_finish(struct client *cl) {
-  if (cl->closing && cl->ops == 0 && !cl->finished) {
-    cl->finished = true;
-    client_unref(cl); /* the connection's ref */
-  }
-}
-
-static void on_closed(void *arg, weft_tcp *c) {
+/* The close callback. At a shutdown it can come before handlers queued
+ * on the strand earlier (deliveries, the leave acknowledgement): they see
+ * c NULL. */
+static void on_closed(void *data, weft_tcp *c) {
   (void)c;
-  struct client *cl = arg;
-  cl->ops--;
-  client_finish(cl);
-}
-
-/* If weft_tcp_close fails (-ESHUTDOWN from outside the runtime once it
- * shut down) no close callback of ours will come, and the connection's ref
- * goes when the last pending callback has run. Callers run client_finish. */
-static void client_close(struct client *cl) {
-  if (cl->closing)
-    return;
-  cl->closing = true;
-  if (weft_tcp_close(cl->c, 0, on_closed, cl) == 0)
-    cl->ops++;
+  struct client *cl = data;
+  cl->c = NULL;
+  client_unref(cl); /* the connection's ref */
 }
 
 static void room_leave(void *arg);
@@ -209,28 +182,22 @@ static void client_leave(struct client *cl) {
     return;
   cl->leaving = true;
   if (!cl->joined || weft_post(cl->room->s, room_leave, cl) < 0)
-    client_close(cl);
+    weft_tcp_close(cl->c, 0);
 }
 
 static void on_written(void *arg, weft_tcp *c, int status) {
   (void)c;
   (void)status; /* a failed connection shows up on the read side */
-  struct delivery *d = arg;
-  struct client *cl = d->to;
-  cl->ops--;
-  client_finish(cl);
-  delivery_free(d);
+  delivery_free(arg);
 }
 
 static void deliver_run(void *arg) {
   struct delivery *d = arg;
   struct client *cl = d->to;
-  if (!cl->leaving && !cl->closing) {
+  if (cl->c && !cl->leaving) {
     int r = weft_tcp_write(cl->c, d->m->data, d->m->len, on_written, d);
-    if (r == 0) {
-      cl->ops++;
+    if (r == 0)
       return;
-    }
     if (r == -ENOBUFS) {
       cl->dropped++;
       atomic_fetch_add(&g_dropped, 1);
@@ -241,8 +208,8 @@ static void deliver_run(void *arg) {
 
 static void leave_ack(void *arg) {
   struct client *cl = arg;
-  client_close(cl);
-  client_finish(cl);
+  if (cl->c)
+    weft_tcp_close(cl->c, 0);
   client_unref(cl); /* the membership's ref, passed on by the room */
 }
 
@@ -400,27 +367,21 @@ static void client_input(struct client *cl) {
 
 static void client_read(struct client *cl) {
   if (weft_tcp_read(cl->c, cl->rbuf + cl->rlen, RBUF_SIZE - cl->rlen, on_read,
-                    cl) == 0)
-    cl->ops++;
-  else
+                    cl) < 0)
     client_leave(cl);
 }
 
 static void on_read(void *arg, weft_tcp *c, long n) {
   (void)c;
   struct client *cl = arg;
-  cl->ops--;
-  if (!cl->closing) {
-    if (n > 0) {
-      cl->rlen += (size_t)n;
-      client_input(cl);
-      if (!cl->leaving)
-        client_read(cl);
-    } else {
-      client_leave(cl);
-    }
+  if (n <= 0) {
+    client_leave(cl);
+    return;
   }
-  client_finish(cl);
+  cl->rlen += (size_t)n;
+  client_input(cl);
+  if (!cl->leaving)
+    client_read(cl);
 }
 
 static void on_drain(void *arg, weft_tcp *c) {
@@ -432,7 +393,7 @@ static void on_accept(void *arg, weft_tcp *c) {
   (void)arg;
   struct client *cl = calloc(1, sizeof(*cl));
   if (!cl) {
-    weft_tcp_close(c, 1, ex_on_close_noop, NULL);
+    weft_tcp_close(c, 1);
     return;
   }
   atomic_init(&cl->refs, 1); /* the connection's */
@@ -440,18 +401,12 @@ static void on_accept(void *arg, weft_tcp *c) {
   cl->s = weft_tcp_strand(c);
   snprintf(cl->id, sizeof(cl->id), "user%u",
            atomic_fetch_add(&g_next_id, 1) + 1);
-  pthread_mutex_lock(&g_reg_mu);
-  cl->next = g_clients;
-  if (g_clients)
-    g_clients->prev = cl;
-  g_clients = cl;
-  pthread_mutex_unlock(&g_reg_mu);
+  weft_tcp_set_data(c, cl, on_closed);
   weft_tcp_nodelay(c, 1);
   if (weft_tcp_set_watermarks(c, WATER_LOW, WATER_HIGH, on_drain, NULL) < 0)
-    client_close(cl);
+    weft_tcp_close(c, 0);
   else
     client_read(cl);
-  client_finish(cl);
 }
 
 /* ------------------------------------------------------------------ main */
@@ -468,20 +423,18 @@ static void rooms_stop(void) {
   pthread_mutex_unlock(&g_rooms_mu);
 }
 
-/* Frees what weft_rt_shutdown left: rooms, and clients whose connection
- * weft closed while no callback of ours was pending. No thread is left. */
+/* Frees what weft_rt_shutdown left: the rooms, and the refs of the
+ * members they still hold (the other refs went with the connections'
+ * close callbacks and the handlers the shutdown ran). No thread is left. */
 static void free_all(void) {
   while (g_rooms) {
     struct room *r = g_rooms;
     g_rooms = r->next;
+    for (size_t i = 0; i < r->n; i++)
+      client_unref(r->members[i]);
     pthread_mutex_destroy(&r->mu);
     free(r->members);
     free(r);
-  }
-  while (g_clients) {
-    struct client *cl = g_clients;
-    g_clients = cl->next;
-    free(cl);
   }
 }
 

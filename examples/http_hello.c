@@ -20,6 +20,7 @@
  * large_client_header_buffers do. When weft's
  * queue for the connection grows past QUEUE_LIMIT (a client pipelining
  * without reading), the next write is tracked and reading waits for it.
+ * Per-connection state is freed in the close callback.
  * Prints "listening on PORT"; SIGINT or SIGTERM stops it (exit 0).
  */
 #include <weft.h>
@@ -55,14 +56,10 @@ static const char resp_431[] =
 /* MAX_REQS copies of resp_keep, filled once before listening. */
 static char many[MAX_REQS * KEEP_LEN];
 
-/* One connection; touched only on its strand. Lifetime: freed when it is
- * closing and ops == 0. ops counts the callbacks pending with it as arg:
- * the read, a tracked write, our close callback. Until the end one of them
- * is always pending, so a close by weft_rt_shutdown still reaches us. */
+/* One connection; touched only on its strand, freed in its close
+ * callback. */
 struct hconn {
   weft_tcp *c;
-  unsigned ops;
-  bool closing; /* weft_tcp_close was called */
   bool last;    /* the final response is queued: close when it is sent */
   bool nodelay; /* TCP_NODELAY is set */
   size_t len;   /* bytes in buf */
@@ -75,50 +72,25 @@ _Static_assert(sizeof(struct hconn) <= 1024, "struct hconn outgrew 1 KiB");
 
 static void on_read(void *arg, weft_tcp *c, long n);
 
-static void hconn_maybe_free(struct hconn *h) {
-  if (h->closing && h->ops == 0) {
-    if (h->buf != h->small)
-      free(h->buf);
-    free(h);
-  }
-}
-
-static void on_close(void *arg, weft_tcp *c) {
+static void hconn_free(void *data, weft_tcp *c) {
   (void)c;
-  struct hconn *h = arg;
-  h->ops--;
-  hconn_maybe_free(h);
-}
-
-/* If weft_tcp_close fails (-ESHUTDOWN from outside the runtime once it
- * shut down) no close callback of ours will come: h goes when its last
- * pending callback has run. */
-static void hconn_close(struct hconn *h) {
-  if (h->closing)
-    return;
-  h->closing = true;
-  if (weft_tcp_close(h->c, 0, on_close, h) == 0)
-    h->ops++;
+  struct hconn *h = data;
+  if (h->buf != h->small)
+    free(h->buf);
+  free(h);
 }
 
 static void hconn_read(struct hconn *h) {
-  if (weft_tcp_read(h->c, h->buf + h->len, h->cap - h->len, on_read, h) == 0)
-    h->ops++;
-  else
-    hconn_close(h);
+  if (weft_tcp_read(h->c, h->buf + h->len, h->cap - h->len, on_read, h) < 0)
+    weft_tcp_close(h->c, 0);
 }
 
 static void on_write(void *arg, weft_tcp *c, int status) {
-  (void)c;
   struct hconn *h = arg;
-  h->ops--;
-  if (!h->closing) {
-    if (status < 0 || h->last)
-      hconn_close(h);
-    else
-      hconn_read(h);
-  }
-  hconn_maybe_free(h);
+  if (status < 0 || h->last)
+    weft_tcp_close(c, 0);
+  else
+    hconn_read(h);
 }
 
 /* Does the header block [p, p + n) have "Connection: close" (any case,
@@ -173,13 +145,11 @@ static void respond(struct hconn *h, size_t count, bool close) {
     r = weft_tcp_write(h->c, many, keep * KEEP_LEN, fn, h);
   }
   if (r < 0) {
-    hconn_close(h);
+    weft_tcp_close(h->c, 0);
     return;
   }
   h->last = close;
-  if (track)
-    h->ops++;
-  else
+  if (!track)
     hconn_read(h);
 }
 
@@ -205,7 +175,7 @@ static void serve(struct hconn *h) {
   } else if (h->len == h->cap && h->cap < BUF_SIZE) {
     char *big = malloc(BUF_SIZE);
     if (!big) {
-      hconn_close(h);
+      weft_tcp_close(h->c, 0);
       return;
     }
     memcpy(big, h->buf, h->len);
@@ -213,48 +183,38 @@ static void serve(struct hconn *h) {
     h->cap = BUF_SIZE;
     hconn_read(h);
   } else if (h->len == h->cap) {
-    if (weft_tcp_write(h->c, resp_431, sizeof(resp_431) - 1, on_write, h) ==
-        0) {
-      h->ops++;
-      h->last = true;
-    } else {
-      hconn_close(h);
-    }
+    h->last = true;
+    if (weft_tcp_write(h->c, resp_431, sizeof(resp_431) - 1, on_write, h) < 0)
+      weft_tcp_close(h->c, 0);
   } else {
     hconn_read(h);
   }
 }
 
 static void on_read(void *arg, weft_tcp *c, long n) {
-  (void)c;
   struct hconn *h = arg;
-  h->ops--;
-  if (!h->closing) {
-    if (n > 0) {
-      h->len += (size_t)n;
-      serve(h);
-    } else {
-      hconn_close(h);
-    }
+  if (n <= 0) {
+    weft_tcp_close(c, 0);
+    return;
   }
-  hconn_maybe_free(h);
+  h->len += (size_t)n;
+  serve(h);
 }
 
 static void on_accept(void *arg, weft_tcp *c) {
   (void)arg;
   struct hconn *h = malloc(sizeof(*h));
   if (!h) {
-    weft_tcp_close(c, 1, ex_on_close_noop, NULL);
+    weft_tcp_close(c, 1);
     return;
   }
   h->c = c;
-  h->ops = 0;
-  h->closing = h->last = h->nodelay = false;
+  h->last = h->nodelay = false;
   h->len = h->scan = 0;
   h->buf = h->small;
   h->cap = sizeof(h->small);
+  weft_tcp_set_data(c, h, hconn_free);
   hconn_read(h);
-  hconn_maybe_free(h);
 }
 
 static void usage(void) {

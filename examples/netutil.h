@@ -130,13 +130,6 @@ static inline int ex_resolve_hostport(const char *hp,
   return ex_resolve(host, (unsigned)port, ss, len);
 }
 
-/* A close callback for a connection that owns nothing (one given up at
- * once, e.g. when its state could not be allocated). */
-static inline void ex_on_close_noop(void *arg, weft_tcp *c) {
-  (void)arg;
-  (void)c;
-}
-
 /* Blocks SIGINT and SIGTERM in the calling thread (and so in every thread
  * it starts afterwards) and returns the set for ex_wait_signal. */
 static inline void ex_block_signals(sigset_t *set) {
@@ -201,8 +194,9 @@ static inline weft_listener *ex_listen(const char *prog, weft_rt *rt,
 }
 
 /* Stops accepting, then shuts the runtime down: weft closes every
- * connection still open, and their pending callbacks run (-ECANCELED)
- * before weft_rt_shutdown returns. Returns 0, or 1 after a message. */
+ * connection still open, and their pending callbacks run (-ECANCELED),
+ * then their close callbacks, before weft_rt_shutdown returns. Returns 0,
+ * or 1 after a message. */
 static inline int ex_stop(const char *prog, weft_rt *rt, weft_listener *l) {
   int r = weft_listener_close(l, NULL, NULL);
   if (r < 0)

@@ -33,7 +33,7 @@ extern "C" {
 #endif
 
 #define WEFT_VERSION_MAJOR 0
-#define WEFT_VERSION_MINOR 2
+#define WEFT_VERSION_MINOR 3
 #define WEFT_VERSION_PATCH 0
 #define WEFT_VERSION_HEX                                                       \
   ((WEFT_VERSION_MAJOR << 16) | (WEFT_VERSION_MINOR << 8) | WEFT_VERSION_PATCH)
@@ -423,11 +423,28 @@ WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
  * (accepted connections, or connect with strand NULL). Callbacks are never
  * called from inside the weft_tcp_* call that causes them.
  *
- * Threads: weft_tcp_read, _write, _writev, _shutdown, _set_watermarks and
- * the option setters must be called on the connection's strand (from one of
- * its handlers or callbacks); elsewhere they fail with -EPERM. weft_tcp_close
- * may be called from any thread. Connections and listeners live until
- * closed: every one a user receives must be closed exactly once.
+ * Threads: weft_tcp_read, _write, _writev, _shutdown, _set_watermarks,
+ * _set_data and the option setters must be called on the connection's
+ * strand (from one of its handlers or callbacks); elsewhere they fail with
+ * -EPERM. weft_tcp_close may be called from any thread.
+ *
+ * Lifetime. A connection's first callback is its accept callback, or its
+ * connect callback (whatever the result). Its last is its close callback,
+ * set with weft_tcp_set_data, which runs exactly once whatever ends the
+ * connection: weft_tcp_close, a failed or cancelled connect (the
+ * connection closes itself once the connect callback returns), or the
+ * runtime's shutdown (any mode, weft_rt_destroy included). It runs on the
+ * strand after every other callback of the connection has returned, and
+ * after it weft never touches the connection again: free what belongs to
+ * the connection there, and nowhere else. A read or write error does not
+ * close the connection: close it (a callback that sees an error may call
+ * weft_tcp_close even when a close is under way; it returns -EALREADY).
+ * The connection must not be used once its close callback has returned.
+ *
+ * Strands. A connection weft made a strand for (accepted, or connect with
+ * strand NULL) keeps it until its close callback has returned: timers on
+ * weft_tcp_strand(conn) must be destroyed by then, and the close callback
+ * is the place (weft_timer_destroy drops a firing still queued).
  *
  * Buffers are the caller's: a read buffer must stay valid until the read
  * callback has been called, a write buffer (and, for writev, the memory the
@@ -457,7 +474,8 @@ typedef struct weft_listener weft_listener;
 /* A new connection, on its own strand. Close it when done with it. */
 typedef void (*weft_accept_fn)(void *arg, weft_tcp *conn);
 /* status 0: connected; -ETIMEDOUT, -ECONNREFUSED, -ECANCELED (closed
- * before it connected), other negative errno: failed (close it). */
+ * before it connected), other negative errno: failed, and the connection
+ * closes itself when this returns (the close callback set by then runs). */
 typedef void (*weft_connect_fn)(void *arg, weft_tcp *conn, int status);
 /* n > 0: bytes read into the buffer; 0: the peer closed its side (EOF);
  * n < 0: -ECONNRESET, -ECANCELED (closed), other negative errno. */
@@ -466,9 +484,10 @@ typedef void (*weft_read_fn)(void *arg, weft_tcp *conn, long n);
  * sent (part of it may have been); -EPIPE, -ECONNRESET, other negative
  * errno: the connection failed. */
 typedef void (*weft_write_fn)(void *arg, weft_tcp *conn, int status);
-/* The connection is closed: its descriptor is closed and its memory goes
- * back to weft after this returns. */
-typedef void (*weft_close_fn)(void *arg, weft_tcp *conn);
+/* The connection is closed: its descriptor is closed, every other callback
+ * of it has returned, and its memory goes back to weft after this returns.
+ * data: what weft_tcp_set_data gave. */
+typedef void (*weft_close_fn)(void *data, weft_tcp *conn);
 /* Queued write bytes fell to the low watermark after a write was refused
  * with -ENOBUFS: writing may resume. */
 typedef void (*weft_drain_fn)(void *arg, weft_tcp *conn);
@@ -590,15 +609,37 @@ WEFT_API int weft_tcp_set_watermarks(weft_tcp *c, size_t low, size_t high,
 WEFT_API int weft_tcp_shutdown(weft_tcp *c);
 
 /* Closes c: in-flight operations complete with -ECANCELED (queued writes
- * not yet sent included), then fn(arg, c) runs on the strand. With
- * abortive non-zero the peer gets RST instead of FIN (SO_LINGER 0). c must
- * not be used after this call except in the callbacks still to come.
- * Errors: -EINVAL (c NULL), -EALREADY (already closing), -ESHUTDOWN
- * (called from outside the runtime once its shutdown has begun: the
- * shutdown closes c itself, fn is not called, and weft_rt_destroy frees
- * it). Any thread. */
-WEFT_API int weft_tcp_close(weft_tcp *c, int abortive, weft_close_fn fn,
-                            void *arg);
+ * not yet sent included), then the close callback runs (see "Lifetime"
+ * above). With abortive non-zero the peer gets RST instead of FIN
+ * (SO_LINGER 0). Errors: -EINVAL (c NULL), -EALREADY (already closing:
+ * closed before, or closing by itself), -ESHUTDOWN (called from outside
+ * the runtime once its shutdown has begun: the shutdown closes c, and the
+ * close callback still comes). Any thread. */
+WEFT_API int weft_tcp_close(weft_tcp *c, int abortive);
+
+/* Ties data to c: weft_tcp_data(c) returns it, and on_close(data, c)
+ * (may be NULL) is c's close callback. Calling it in the accept or connect
+ * callback is always in time: those come first, even for a connection a
+ * close from another thread (or a shutdown) has already ended. Errors:
+ * -EINVAL, -EPERM (not on the strand). */
+WEFT_API int weft_tcp_set_data(weft_tcp *c, void *data, weft_close_fn on_close);
+/* What weft_tcp_set_data gave c last (NULL before). On the strand. */
+WEFT_API void *weft_tcp_data(const weft_tcp *c);
+
+/* Timeouts of c, in nanoseconds (0: none): idle, no byte read (handed to
+ * a read callback) or sent for that long; read, a read that gets nothing for
+ * that long after it was made; write, queued bytes of which none could be sent
+ * for that long (a peer that stopped reading). When one passes, c closes by
+ * itself: operations in flight complete with -ETIMEDOUT (instead of
+ * -ECANCELED), then the close callback runs. A deadline is kept by the
+ * shard's timer wheel: c is closed when its timer fires, as late as a
+ * timer can be (weft_timer_start), never early. Calling it again replaces
+ * the settings and restarts the idle time; all 0 turns them off. The
+ * first call allocates c's timer, once; reads and writes allocate nothing
+ * for it. On the strand, connected. Errors: -EINVAL, -EPERM, -ENOTCONN,
+ * -EBADF (closing), -ENOMEM, -ESHUTDOWN. */
+WEFT_API int weft_tcp_set_timeouts(weft_tcp *c, uint64_t idle_ns,
+                                   uint64_t read_ns, uint64_t write_ns);
 
 /* Options; on the strand. Errors: -EINVAL, -EPERM, -EBADF, or the
  * setsockopt error. keepalive: idle_s (1..32767) seconds before probes. */

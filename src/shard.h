@@ -60,6 +60,9 @@ struct weft__shard {
    * after the timer lock is released instead of once each (timer.c), or
    * reaping completions (io_uring.c, REAP_SHARE_MIN) */
   bool quiet;
+  /* a handler asks the strand it runs on to end its turn after it
+   * (weft__yield_turn): more of its work is queued behind it */
+  bool yield_turn;
   struct weft__timers tm;
   struct weft__shard_counters st;
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */

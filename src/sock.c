@@ -53,6 +53,14 @@ void weft__sock_notify(struct weft__sock *s, uint64_t bits) {
 
 void weft__sock_kick(struct weft__sock *s) { weft__sock_notify(s, EV_KICK); }
 
+void weft__sock_yield(struct weft__sock *s) {
+  struct weft__shard *sh = weft__local_begin(s->rt);
+  if (sh)
+    sh->yield_turn = true; /* read by this thread's strand loop */
+  weft__sock_signal(sh, s, EV_KICK, s->gen);
+  weft__local_end(sh);
+}
+
 bool weft__sock_on_strand(const struct weft__sock *s) {
   return weft_strand_current() == s->strand;
 }
@@ -133,8 +141,9 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
       mem_free(rt, kind, s);
       return r;
     }
-    s->own_strand = true;
+    s->strand->weft_made = true;
   }
+  weft__fetch_add(&s->strand->socks, 1, WA_RLX);
   weft__fetch_add(&rt->net.live, 1, WA_RLX);
   weft__busy_add(rt, 1); /* its descriptor: dropped when closed */
   *out = s;
@@ -203,8 +212,11 @@ void weft__sock_close_fd(struct weft__sock *s) {
 static void really_free(struct weft__sock *s) {
   weft_rt *rt = s->rt;
   unregister(s);
-  if (s->own_strand)
-    weft_strand_release(s->strand);
+  /* acq_rel: the last socket's release follows every other socket's use
+   * of the strand. */
+  weft_strand *st = s->strand;
+  if (weft__fetch_sub(&st->socks, 1, WA_AR) == 1 && st->weft_made)
+    weft_strand_release(st);
   weft__fetch_sub(&rt->net.live, 1, WA_RLX);
   mem_free(rt, s->kind, s);
 }

@@ -63,7 +63,7 @@ enum {
   ST_CONNECTING, /* weft_tcp_connect: not connected yet */
   ST_OPEN,       /* connected, or listening */
   ST_CLOSING,    /* closing: waiting for operations in the kernel */
-  ST_CLOSED,     /* descriptor closed; the user has not closed yet */
+  ST_CLOSED,     /* descriptor closed; the close callback not yet run */
   ST_DONE        /* close callback delivered; freed when no node queued */
 };
 
@@ -77,7 +77,6 @@ struct weft__sock {
   uint32_t gen;
   int fd;
   uint8_t kind, state;
-  bool own_strand;   /* its strand is weft's, released with it */
   bool free_pending; /* freed once the queued node has run */
   weft_rt *rt;
   weft_strand *strand;
@@ -90,7 +89,8 @@ static inline struct weft__sock *weft__sock_of(struct weft__ioh *h) {
 }
 
 /* *out: a socket of a kind (its memory from that kind's pool, everything
- * zero but the generation), on strand (NULL: a new strand of its own),
+ * zero but the generation), on strand (NULL: a new strand of its own,
+ * released once no socket is on it: strand.h, socks),
  * with the kind's handlers; counted as an open descriptor (rt.c, busy).
  * Returns 0, -ENOMEM, or -ESHUTDOWN (its own strand refused: the runtime
  * is shutting down); on error fd is left open. */
@@ -120,6 +120,10 @@ void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
 void weft__sock_notify(struct weft__sock *s, uint64_t bits);
 /* From the socket's strand: run its state machine again soon. */
 void weft__sock_kick(struct weft__sock *s);
+/* The same, after the other strands queued on this shard: the kick goes
+ * on s's strand and that strand's turn ends with the running handler
+ * (a handler that spent its budget and has more to do). */
+void weft__sock_yield(struct weft__sock *s);
 /* A readiness report (io_epoll.c) for s, whose memory may have been reused
  * since: signalled with the report's generation, so a stale one is
  * dropped before anything but the event word is read. */

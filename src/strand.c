@@ -101,6 +101,8 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   weft__store(&s->released, 0, WA_RLX);
   s->magic = WEFT_STRAND_MAGIC;
   s->self_released = false;
+  s->weft_made = false;
+  weft__store(&s->socks, 0, WA_RLX);
   if (sh)
     weft__stat_add(&sh->st.strands_created, 1);
   else
@@ -158,6 +160,16 @@ void weft_strand_release(weft_strand *s) {
 
 static void strand_push(weft_strand *s, struct weft__shard *local,
                         struct weft__node *n, bool prio) {
+#ifdef WEFT_DEBUG
+  /* Never reused in this build: a push onto a reclaimed strand is weft's
+   * own bug (its sockets post without the API's check) or a post racing
+   * the release; either way nothing would ever run it. */
+  if (s->magic != WEFT_STRAND_MAGIC) {
+    weft__log(s->rt, WEFT_LOG_ERROR, "internal: a post to reclaimed strand %p",
+              (void *)s);
+    abort();
+  }
+#endif
   weft__store(&n->link.next, 0, WA_RLX);
   uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
   if (prev == 0) {
@@ -319,6 +331,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   }
   weft__stat_add(&sh->st.strands_run, 1);
   weft__set_current_strand(s);
+  sh->yield_turn = false;
   int lost_ran = -1;
   for (;;) {
     weft__handler_enter(self, (void *)n->fn, s);
@@ -361,6 +374,8 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     n = next;
     if (sh && (budget & 3) == 1 && timer_due(sh))
       budget = 1; /* a timer is due here: end the turn, let it fire */
+    if (sh && sh->yield_turn)
+      budget = 1; /* the handler queued more of its work: others first */
     if (!sh || --budget == 0) {
       /* Budget spent (requeue at the back), or shard lost (the strand
        * goes to the inject queue for a thread that holds one). */

@@ -39,6 +39,11 @@ struct weft_strand {
   uint32_t magic;
   uint32_t home;      /* its home shard, for good (shard.h, "Homes") */
   bool self_released; /* drainer only: released from its own handler */
+  /* Sockets on it (sock.c): a strand weft made for a socket (weft_made) is
+   * released when the last socket on it is freed, not with the socket it
+   * was made for, which may lend it to others (weft_tcp_strand). */
+  bool weft_made;
+  _Atomic uint32_t socks;
 };
 
 /* Whether s may take posts (not released, not reclaimed while the debug

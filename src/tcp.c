@@ -21,6 +21,7 @@
 #include "rt.h"
 #include "shard.h"
 #include "tcp_recv.h"
+#include "tcp_timeout.h"
 #include "thread.h"
 
 #include <errno.h>
@@ -38,6 +39,10 @@
  * socket looped inside the call for as long as the whole transfer took,
  * holding the shard and every strand on it. */
 #define SEND_BUDGET ((size_t)1 << 20)
+
+/* close_req (tcp.h) */
+#define CLOSE_USER 1u
+#define CLOSE_SELF 2u
 
 static void conn_run(struct weft__sock *sk, uint32_t bits);
 
@@ -140,6 +145,8 @@ static void fail_writes(struct weft__conn *c, int status) {
 /* n bytes of the queue were sent: complete the writes now fully sent
  * (zero-length ones at the head included). */
 static void advance(struct weft__conn *c, size_t n) {
+  if (n && c->tmo)
+    weft__tmo_progress(c, true);
   c->queued -= n;
   while (c->wq_head) {
     struct weft__wreq *w = c->wq_head;
@@ -211,7 +218,7 @@ static void send_now(struct weft__conn *c) {
   size_t budget = SEND_BUDGET;
   while (c->wq_head && c->writable) {
     if (!budget) {
-      weft__sock_kick(&c->s);
+      weft__sock_yield(&c->s);
       return;
     }
     if (!gather(c, &sb, budget)) {
@@ -296,7 +303,7 @@ static void send_submit(struct weft__conn *c) {
         continue;
       c->writable = false; /* full: only the ring waits for room */
     }
-    weft__sock_kick(&c->s); /* later, on a thread with a ring entry */
+    weft__sock_yield(&c->s); /* later, on a thread with a ring entry */
     break;
   }
   if (c->sb && !c->wr_inflight)
@@ -332,11 +339,13 @@ static void send_completed(struct weft__conn *c) {
   if (res == -EINTR || res == -EAGAIN ||
       (res == -ECANCELED && c->s.state == ST_OPEN))
     return;
-  write_failed(c, c->s.state == ST_CLOSING ? -ECANCELED : res);
+  write_failed(c, c->s.state == ST_CLOSING ? weft__tcp_close_status(c) : res);
 }
 
 /* ---- connecting ------------------------------------------------------------
  */
+
+static void close_begin(struct weft__conn *c);
 
 static void connect_done(struct weft__conn *c, int status) {
   struct weft__connect *cn = c->cn;
@@ -353,6 +362,8 @@ static void connect_done(struct weft__conn *c, int status) {
   void *arg = cn->arg;
   free(cn);
   fn(arg, (weft_tcp *)c, status);
+  if (status != 0)
+    weft__tcp_close_self(c); /* a failed connection closes itself */
 }
 
 static void connect_timeout(void *arg, int status, uint64_t missed) {
@@ -427,6 +438,16 @@ static void close_finish(struct weft__conn *c) {
   c->s.state = ST_CLOSED;
 }
 
+/* A weft_tcp_close that came first ends the wait in conn_run with its
+ * EV_CLOSE. The kick runs conn_run to the close callback when this is
+ * called from outside it (a timer's handler). */
+void weft__tcp_close_self(struct weft__conn *c) {
+  uint32_t none = 0;
+  weft__cas(&c->close_req, &none, CLOSE_SELF, WA_RLX, WA_RLX);
+  close_begin(c);
+  weft__sock_kick(&c->s);
+}
+
 static void close_begin(struct weft__conn *c) {
   if (c->s.state >= ST_CLOSING)
     return;
@@ -465,6 +486,35 @@ static void accepted_run(struct weft__conn *c) {
   weft__listener_deliver(l, (weft_tcp *)c);
 }
 
+/* The close callback, then c's end. */
+static void close_run(void *arg) {
+  struct weft__conn *c = arg;
+  if (c->clfn) {
+    weft__calling((void *)c->clfn);
+    c->clfn(c->data, (weft_tcp *)c);
+  }
+  weft__sock_free(&c->s);
+}
+
+/* Closed: the close callback goes to the back of the strand's queue, so
+ * that it also follows every handler posted to the strand before the
+ * connection finished closing (the user's, which may use what the
+ * callback frees), not only the connection's own callbacks. Its cancel
+ * is itself: it runs at a CANCEL shutdown too. Without memory for a node
+ * it runs here. */
+static void post_close(struct weft__conn *c) {
+  weft__tmo_free(c);
+  c->close_posted = true;
+  weft_rt *rt = c->s.rt;
+  struct weft__shard *sh = weft__local_begin(rt);
+  struct weft__node *n = weft__node_new(rt, sh, close_run, close_run, c);
+  if (n)
+    weft__node_post(rt, sh, c->s.strand, n, false);
+  weft__local_end(sh);
+  if (!n)
+    close_run(c);
+}
+
 static void conn_run(struct weft__sock *sk, uint32_t bits) {
   struct weft__conn *c = (struct weft__conn *)sk;
   if (bits & EV_ACCEPTED) {
@@ -495,25 +545,25 @@ static void conn_run(struct weft__sock *sk, uint32_t bits) {
     if (c->s.state == ST_CONNECTING && c->cn && !c->rd_inflight)
       connect_check(c);
   }
-  if (bits & EV_CLOSE)
+  if (bits & EV_CLOSE) {
     c->user_closed = true;
-  if (bits & (EV_CLOSE | EV_SHUTDOWN))
     close_begin(c);
+  }
+  if (bits & EV_SHUTDOWN && c->s.state < ST_CLOSING)
+    weft__tcp_close_self(c);
   if (c->s.state == ST_OPEN) {
     weft__recv_run(c);
     pump_writes(c);
   }
   if (c->s.state == ST_CLOSING) {
     if (!c->wr_inflight)
-      fail_writes(c, -ECANCELED);
+      fail_writes(c, weft__tcp_close_status(c));
     close_finish(c);
   }
   flush_done(c);
-  if (c->s.state == ST_CLOSED && c->user_closed) {
-    if (c->clfn)
-      c->clfn(c->clarg, (weft_tcp *)c);
-    weft__sock_free(&c->s);
-  }
+  if (c->s.state == ST_CLOSED && !c->close_posted &&
+      (c->user_closed || weft__load(&c->close_req, WA_RLX) == CLOSE_SELF))
+    post_close(c);
 }
 
 /* ---- accepted connections (from listen.c) ----------------------------------
@@ -574,6 +624,8 @@ int weft_tcp_read(weft_tcp *tcp, void *buf, size_t len, weft_read_fn fn,
   c->rlen = len < READ_MAX ? len : READ_MAX;
   c->rfn = fn;
   c->rarg = arg;
+  if (c->tmo)
+    weft__tmo_read_started(c);
   weft__recv_start(c);
   return 0;
 }
@@ -627,10 +679,13 @@ int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
   w->fn = fn;
   w->arg = arg;
   w->next = NULL;
-  if (c->wq_tail)
+  if (c->wq_tail) {
     c->wq_tail->next = w;
-  else
+  } else {
     c->wq_head = w;
+    if (c->tmo)
+      weft__tmo_write_queued(c);
+  }
   c->wq_tail = w;
   c->queued += total;
   pump_writes(c);
@@ -675,7 +730,7 @@ int weft_tcp_shutdown(weft_tcp *tcp) {
   return 0;
 }
 
-int weft_tcp_close(weft_tcp *tcp, int abortive, weft_close_fn fn, void *arg) {
+int weft_tcp_close(weft_tcp *tcp, int abortive) {
   struct weft__conn *c = weft__conn_of(tcp);
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
@@ -684,20 +739,35 @@ int weft_tcp_close(weft_tcp *tcp, int abortive, weft_close_fn fn, void *arg) {
   if (foreign) {
     int r = weft__busy_enter(rt);
     if (r)
-      return r; /* shut down: weft_rt_destroy frees it */
+      return r; /* shutting down: the shutdown closes c */
   }
-  if (weft__xchg(&c->close_req, 1, WA_RLX)) {
+  uint32_t none = 0;
+  if (!weft__cas(&c->close_req, &none, CLOSE_USER, WA_RLX, WA_RLX)) {
     if (foreign)
       weft__busy_drop(rt, 1);
     return -EALREADY;
   }
-  c->clfn = fn;
-  c->clarg = arg;
   c->abortive = abortive != 0;
-  weft__sock_notify(&c->s, EV_CLOSE); /* release: the fields above go too */
+  weft__sock_notify(&c->s, EV_CLOSE); /* release: abortive goes too */
   if (foreign)
     weft__busy_drop(rt, 1);
   return 0;
+}
+
+int weft_tcp_set_data(weft_tcp *tcp, void *data, weft_close_fn on_close) {
+  struct weft__conn *c = weft__conn_of(tcp);
+  if (!c || c->s.kind != SK_CONN)
+    return -EINVAL;
+  if (!weft__sock_on_strand(&c->s))
+    return -EPERM;
+  c->data = data;
+  c->clfn = on_close;
+  return 0;
+}
+
+void *weft_tcp_data(const weft_tcp *tcp) {
+  const struct weft__conn *c = weft__conn_of(tcp);
+  return c && c->s.kind == SK_CONN ? c->data : NULL;
 }
 
 static int check_addr(const struct sockaddr *addr, unsigned addrlen) {

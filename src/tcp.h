@@ -62,9 +62,9 @@ struct weft__connect {
 
 struct weft__conn {
   struct weft__sock s;
-  bool user_closed, abortive;
-  bool readable, writable; /* epoll: edge seen, EAGAIN not yet */
-  bool hup;                /* epoll: EOF or error queued: reads never wait */
+  bool user_closed, abortive; /* EV_CLOSE seen; weft_tcp_close's argument */
+  bool readable, writable;    /* epoll: edge seen, EAGAIN not yet */
+  bool hup;                   /* epoll: EOF or error queued: reads never wait */
   /* rd_inflight: a one-shot receive, or the connect, is in the kernel */
   bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
   bool rd_short;     /* uring: the last receive drained the socket */
@@ -74,6 +74,7 @@ struct weft__conn {
    * error to deliver once rq is read (rd_term_set) */
   bool rd_multi, rd_nobufs, rd_term_set, in_pump;
   bool wr_inline_busy;
+  bool close_posted;  /* the close callback is queued (tcp.c, post_close) */
   int err;            /* sticky write error, 0 if none */
   int32_t rres, wres; /* uring: results of the ops in the kernel */
   int32_t mres;       /* the multishot's end, written by the reaper */
@@ -97,10 +98,15 @@ struct weft__conn {
   weft_drain_fn dfn;
   void *darg;
   struct weft__sendbuf *sb; /* uring: the send in the kernel, if any */
-  /* close: close_req is set once by weft_tcp_close (any thread) */
+  /* close: close_req goes 0 -> CLOSE_USER (weft_tcp_close, any thread,
+   * which then signals EV_CLOSE) or 0 -> CLOSE_SELF (on the strand: a
+   * shutdown, a failed connect), once. The close callback comes when the
+   * descriptor is closed and, for CLOSE_USER, EV_CLOSE was seen: after
+   * that nothing may signal c, since its memory is then reused. */
   _Atomic uint32_t close_req;
-  weft_close_fn clfn;
-  void *clarg;
+  weft_close_fn clfn; /* weft_tcp_set_data */
+  void *data;
+  struct weft__tmo *tmo;     /* weft_tcp_set_timeouts, or NULL */
   struct weft__connect *cn;  /* connecting: the request */
   struct weft_listener *lst; /* accepted: until its accept callback */
 };
@@ -119,6 +125,9 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd);
  * backend, the runtime's state (and setting up the backends); a socket of
  * the address's family that the backend can serve. */
 int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen);
+/* On the strand: weft closes c by itself (a shutdown, a failed connect, a
+ * timeout), unless a weft_tcp_close came first. */
+void weft__tcp_close_self(struct weft__conn *c);
 int weft__tcp_socket(weft_rt *rt, int family);
 
 #endif

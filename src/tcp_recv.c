@@ -47,6 +47,7 @@
 #include "tcp_recv.h"
 
 #include "io.h"
+#include "tcp_timeout.h"
 #include "thread.h"
 
 #include <errno.h>
@@ -58,6 +59,8 @@
 
 void weft__recv_done(struct weft__conn *c, long n) {
   c->reading = false;
+  if (n > 0 && c->tmo)
+    weft__tmo_progress(c, false);
   weft_read_fn fn = c->rfn;
   c->rfn = NULL;
   fn(c->rarg, (weft_tcp *)c, n);
@@ -252,7 +255,7 @@ void weft__recv_completed(struct weft__conn *c) {
   if (res == -EINVAL && c->rd_pollfirst)
     weft__store(&c->s.rt->net.no_poll_first, 1, WA_RLX);
   if (c->s.state == ST_CLOSING) {
-    weft__recv_done(c, -ECANCELED);
+    weft__recv_done(c, weft__tcp_close_status(c));
   } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED ||
              (res == -EINVAL && c->rd_pollfirst)) {
     arm(c); /* -ECANCELED: its submitter exited (io_uring.c) */
@@ -311,7 +314,7 @@ bool weft__recv_busy(const struct weft__conn *c) {
 /* Closing: a pending read not in the kernel completes with -ECANCELED. */
 void weft__recv_cancel(struct weft__conn *c) {
   if (c->reading && !c->rd_inflight)
-    weft__recv_done(c, -ECANCELED);
+    weft__recv_done(c, weft__tcp_close_status(c));
 }
 
 /* Closing, instead of shutdown(2): a cancel of the multishot receive in

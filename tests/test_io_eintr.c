@@ -62,7 +62,7 @@ typedef struct opener {
 
 static void never_accept(void *arg, weft_tcp *c) {
   (void)arg;
-  weft_tcp_close(c, 1, NULL, NULL);
+  weft_tcp_close(c, 1);
 }
 
 static void *opener_main(void *arg) {

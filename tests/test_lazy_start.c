@@ -273,7 +273,7 @@ static void test_timers(void **state) {
 
 static void on_accept(void *arg, weft_tcp *conn) {
   (void)arg;
-  weft_tcp_close(conn, 0, NULL, NULL);
+  weft_tcp_close(conn, 0);
 }
 
 static void test_first_socket(void **state) {

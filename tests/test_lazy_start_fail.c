@@ -272,7 +272,7 @@ typedef struct lis {
 
 static void on_accept(void *arg, weft_tcp *conn) {
   (void)arg;
-  weft_tcp_close(conn, 0, NULL, NULL);
+  weft_tcp_close(conn, 0);
 }
 
 static void *listen_failing(void *arg) {

@@ -201,7 +201,8 @@ static void test_backpressure(void **state) {
 
   tu_event ev;
   tu_event_init(&ev);
-  tu_assert_rc(weft_tcp_close(b.c, 0, closed, &ev), 0);
+  tu_tcp_set_data(b.c, &ev, closed);
+  tu_assert_rc(weft_tcp_close(b.c, 0), 0);
   tu_event_wait(&ev, 1, "the close callback");
   tu_assert_rc(weft_listener_close(l, listener_done, &ev), 0);
   tu_event_wait(&ev, 2, "the listener's done callback");

@@ -14,12 +14,19 @@
  *    done runs once).
  *  - connect: NULL arguments and addrlen too small (-EINVAL), a foreign
  *    family (-EAFNOSUPPORT), a strand of another runtime (-EXDEV); nothing
- *    is created (tcp_live stays 0). A closed port: -ECONNREFUSED, then
- *    read / write / shutdown on it fail with -ENOTCONN. A connect that
- *    cannot complete (a plain listener with a full backlog): -ETIMEDOUT
- *    after its 50 ms timeout; with no timeout, operations fail with
- *    -ENOTCONN while it is pending and a close ends it with -ECANCELED
- *    before the close callback.
+ *    is created (tcp_live stays 0). A closed port: -ECONNREFUSED, and in
+ *    that connect callback read / write / shutdown fail with -ENOTCONN. A
+ *    connect that cannot complete (a plain listener with a full backlog):
+ *    -ETIMEDOUT after its 50 ms timeout; with no timeout, operations fail
+ *    with -ENOTCONN while it is pending and a close ends it with
+ *    -ECANCELED before the close callback. The close callback is set in
+ *    the connect callback (for the pending one, on its strand before the
+ *    close); weft_tcp_data gives NULL before. A failed connect closes
+ *    itself once its callback returns: the close callback comes exactly
+ *    once, unasked; a weft_tcp_close inside a failed connect callback
+ *    returns 0 (-EALREADY when the user had closed it already), read then
+ *    fails with -EBADF, and the close callback still comes once.
+ *    Inside every close callback weft_tcp_close returns -EALREADY.
  *  - A connected pair: read with NULL buffer or fn or len 0 (-EINVAL), a
  *    second read (-EBUSY); write with NULL buffer, writev with bad iovecs
  *    (-EINVAL); bad watermarks and keepalive idle times (-EINVAL); every
@@ -27,7 +34,9 @@
  *    (-EPERM); a zero-length write completes with 0 in order; writes after
  *    weft_tcp_shutdown (-EPIPE), shutdown twice (-EALREADY); close twice
  *    (-EALREADY); in a callback after the close, read / write / shutdown
- *    fail with -EBADF; weft_tcp_close(NULL) is -EINVAL.
+ *    fail with -EBADF; weft_tcp_close(NULL) and weft_tcp_set_data(NULL)
+ *    are -EINVAL, weft_tcp_set_data off the strand -EPERM; the close
+ *    callbacks (set in the accept and connect callbacks) get their data.
  *  - After weft_rt_shutdown: listen and connect fail with -ESHUTDOWN.
  *  - Races: two weft_listener_close at once, or one against the
  *    shutdown: each close returns 0 and its done runs once, or returns
@@ -47,7 +56,7 @@ static bool on_strand_of(weft_tcp *c) {
 static void must_not_accept(void *arg, weft_tcp *c) {
   (void)arg;
   TU_CHECKF(false, "unexpected accept callback");
-  weft_tcp_close(c, 1, NULL, NULL);
+  weft_tcp_close(c, 1);
 }
 
 static void must_not_connect(void *arg, weft_tcp *c, int status) {
@@ -296,37 +305,64 @@ static void test_connect_bad(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* What a failed connect callback does besides recording (cres.flags). */
+#define CR_OPS 1u   /* checks that read, write, shutdown are -ENOTCONN */
+#define CR_CLOSE 2u /* calls weft_tcp_close (cres.close_rc) */
+
 /* A connection whose connect callback has run (or not yet). */
 typedef struct cres {
   tu_event ev; /* +1 at the connect callback, +1 at the close callback */
+  unsigned flags;
   int status;
   unsigned connect_cbs, close_cbs;
-  weft_tcp *c;
+  int close_rc;    /* CR_CLOSE: weft_tcp_close in the connect callback */
+  int close_again; /* weft_tcp_close in the close callback */
+  weft_tcp *c;     /* from the connect callback */
+  weft_tcp *out;   /* from weft_tcp_connect */
 } cres;
 
-static void on_connect(void *arg, weft_tcp *c, int status) {
-  cres *r = arg;
-  TU_CHECK(on_strand_of(c));
-  TU_CHECK(r->close_cbs == 0);
-  r->c = c;
-  r->status = status;
-  r->connect_cbs++;
-  tu_event_add(&r->ev, 1);
-}
-
-static void on_close(void *arg, weft_tcp *c) {
-  cres *r = arg;
-  TU_CHECK(on_strand_of(c));
-  TU_CHECKF(r->connect_cbs == 1, "close callback after %u connect callbacks",
-            r->connect_cbs);
-  r->close_cbs++;
-  tu_event_add(&r->ev, 1);
-}
+static void on_close(void *arg, weft_tcp *c);
+static void ops_not_connected(void *arg);
 
 static void not_read(void *arg, weft_tcp *c, long n) {
   (void)arg;
   (void)c;
   TU_CHECKF(false, "read callback of a refused read (%ld)", n);
+}
+
+static void on_connect(void *arg, weft_tcp *c, int status) {
+  cres *r = arg;
+  TU_CHECK(on_strand_of(c));
+  TU_CHECK(r->close_cbs == 0);
+  /* NULL before weft_tcp_set_data; r if set on the strand already */
+  void *d = weft_tcp_data(c);
+  TU_CHECKF(d == NULL || d == r, "weft_tcp_data is %p before it was set", d);
+  TU_CHECK_RC(weft_tcp_set_data(c, r, on_close), 0);
+  TU_CHECK(weft_tcp_data(c) == r);
+  r->c = c;
+  r->status = status;
+  r->connect_cbs++;
+  if (status != 0 && (r->flags & CR_OPS))
+    ops_not_connected(c);
+  if (status != 0 && (r->flags & CR_CLOSE)) {
+    static char buf[8];
+    r->close_rc = weft_tcp_close(c, 0);
+    TU_CHECK_RC(weft_tcp_read(c, buf, sizeof buf, not_read, NULL), -EBADF);
+  }
+  tu_event_add(&r->ev, 1);
+}
+
+/* The connection is still valid here: a close is under way, so
+ * weft_tcp_close is -EALREADY. */
+static void on_close(void *arg, weft_tcp *c) {
+  cres *r = arg;
+  TU_CHECK(on_strand_of(c));
+  TU_CHECK(weft_tcp_data(c) == r);
+  TU_CHECKF(r->connect_cbs == 1, "close callback after %u connect callbacks",
+            r->connect_cbs);
+  r->close_again = weft_tcp_close(c, 0);
+  r->close_cbs++;
+  tu_event_add(&r->ev, 1);
 }
 
 static void not_written(void *arg, weft_tcp *c, int status) {
@@ -346,15 +382,42 @@ static void ops_not_connected(void *arg) {
   TU_CHECK_RC(weft_tcp_shutdown(c), -ENOTCONN);
 }
 
+/* On the strand of a pending connect: no data yet, then the close
+ * callback, before anything closes it; operations are -ENOTCONN. */
+static void pending_setup(void *arg) {
+  cres *r = arg;
+  TU_CHECK(weft_tcp_data(r->out) == NULL);
+  TU_CHECK_RC(weft_tcp_set_data(r->out, r, on_close), 0);
+  ops_not_connected(r->out);
+}
+
 static void connect_to(weft_rt *rt, uint16_t port, uint64_t timeout_ns, cres *r,
-                       weft_tcp **out) {
+                       unsigned flags, weft_tcp **out) {
   struct sockaddr_in a;
   tu_addr_loopback(&a, port);
   memset(r, 0, sizeof *r);
+  r->flags = flags;
+  r->close_rc = r->close_again = 1;
   tu_event_init(&r->ev);
   tu_assert_rc(weft_tcp_connect(rt, NULL, (struct sockaddr *)&a, sizeof a,
                                 timeout_ns, on_connect, r, out),
                0);
+}
+
+/* After a failed connect: one connect callback (status want), then, the
+ * connection having closed itself (or been closed in the callback: CR_CLOSE,
+ * which returned close_want), one close callback, in which weft_tcp_close
+ * was -EALREADY. The connection is not used again: it may be freed. */
+static void expect_failed(cres *r, weft_tcp *out, int want, int close_want) {
+  tu_event_wait(&r->ev, 2, "the connect and close callbacks");
+  tu_assert_rc(r->status, want);
+  assert_ptr_equal(r->c, out);
+  assert_int_equal(r->connect_cbs, 1);
+  assert_int_equal(r->close_cbs, 1);
+  if (r->flags & CR_CLOSE)
+    tu_assert_rc(r->close_rc, close_want);
+  tu_assert_rc(r->close_again, -EALREADY);
+  tu_event_destroy(&r->ev);
 }
 
 static void test_connect_refused(void **state) {
@@ -368,20 +431,16 @@ static void test_connect_refused(void **state) {
   assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
   cres r;
   weft_tcp *out = NULL;
-  connect_to(rt, tu_sock_port(fd), 0, &r, &out);
-  tu_event_wait(&r.ev, 1, "the connect callback");
-  tu_assert_rc(r.status, -ECONNREFUSED);
-  assert_ptr_equal(r.c, out);
-  tu_on_strand(weft_tcp_strand(out), ops_not_connected, out);
-  tu_assert_rc(weft_tcp_close(out, 0, on_close, &r), 0);
-  tu_event_wait(&r.ev, 2, "the close callback");
-  assert_int_equal(r.connect_cbs, 1);
-  assert_int_equal(r.close_cbs, 1);
+  /* closes itself: the close callback comes unasked */
+  connect_to(rt, tu_sock_port(fd), 0, &r, CR_OPS, &out);
+  expect_failed(&r, out, -ECONNREFUSED, 0);
+  /* closed in the failed connect callback: 0, one close callback */
+  connect_to(rt, tu_sock_port(fd), 0, &r, CR_CLOSE, &out);
+  expect_failed(&r, out, -ECONNREFUSED, 0);
   close(fd);
   tu_stat_wait w = {rt, 0};
-  tu_wait_until(tu_pred_tcp_live_le, &w, "the connection to be freed");
+  tu_wait_until(tu_pred_tcp_live_le, &w, "the connections to be freed");
   rt_destroy(rt);
-  tu_event_destroy(&r.ev);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
@@ -392,31 +451,32 @@ static void test_connect_timeout(void **state) {
   tu_full_listener f;
   tu_assert_rc(tu_full_listener_open(&f), 0);
 
-  /* 50 ms: -ETIMEDOUT, not before the timeout */
+  /* 50 ms: -ETIMEDOUT, not before the timeout; the connection closes
+   * itself, or is closed in the connect callback */
+  for (unsigned flags = CR_OPS; flags <= CR_CLOSE; flags++) {
+    cres r;
+    weft_tcp *out = NULL;
+    uint64_t t0 = tu_now_ns();
+    connect_to(rt, f.port, 50000000u, &r, flags, &out);
+    tu_event_wait(&r.ev, 1, "the connect callback (50 ms timeout)");
+    uint64_t took = tu_now_ns() - t0;
+    if (took < 50000000u)
+      fail_msg("the connect timed out after %" PRIu64 " ns, before its 50 ms",
+               took);
+    expect_failed(&r, out, -ETIMEDOUT, 0);
+  }
+
+  /* no timeout: pending; operations fail; a close from the test thread
+   * ends it (its close callback set on the strand first); closed before,
+   * a close in the connect callback is -EALREADY */
   cres r;
   weft_tcp *out = NULL;
-  uint64_t t0 = tu_now_ns();
-  connect_to(rt, f.port, 50000000u, &r, &out);
-  tu_event_wait(&r.ev, 1, "the connect callback (50 ms timeout)");
-  uint64_t took = tu_now_ns() - t0;
-  tu_assert_rc(r.status, -ETIMEDOUT);
-  if (took < 50000000u)
-    fail_msg("the connect timed out after %" PRIu64 " ns, before its 50 ms",
-             took);
-  tu_assert_rc(weft_tcp_close(out, 0, on_close, &r), 0);
-  tu_event_wait(&r.ev, 2, "the close callback");
-  tu_event_destroy(&r.ev);
-
-  /* no timeout: pending; operations fail; a close ends it */
-  connect_to(rt, f.port, 0, &r, &out);
-  tu_on_strand(weft_tcp_strand(out), ops_not_connected, out);
+  connect_to(rt, f.port, 0, &r, CR_CLOSE, &out);
+  r.out = out;
+  tu_on_strand(weft_tcp_strand(out), pending_setup, &r);
   assert_int_equal(tu_event_get(&r.ev), 0);
-  tu_assert_rc(weft_tcp_close(out, 0, on_close, &r), 0);
-  tu_event_wait(&r.ev, 2, "the connect and close callbacks");
-  tu_assert_rc(r.status, -ECANCELED);
-  assert_int_equal(r.connect_cbs, 1);
-  assert_int_equal(r.close_cbs, 1);
-  tu_event_destroy(&r.ev);
+  tu_assert_rc(weft_tcp_close(out, 0), 0);
+  expect_failed(&r, out, -ECANCELED, -EALREADY);
 
   tu_full_listener_close(&f);
   tu_stat_wait w = {rt, 0};
@@ -456,6 +516,8 @@ static void pair_accept(void *arg, weft_tcp *c) {
   TU_CHECK(on_strand_of(c));
   weft_tcp *none = NULL;
   TU_CHECK(atomic_compare_exchange_strong(&p->acc, &none, c));
+  TU_CHECK(weft_tcp_data(c) == NULL);
+  TU_CHECK_RC(weft_tcp_set_data(c, &p->sr, on_close), 0);
   tu_event_add(&p->acc_ev, 1);
 }
 
@@ -467,7 +529,7 @@ static void pair_open(pair *p) {
   tu_event_init(&p->wdone);
   tu_event_init(&p->sr.ev);
   uint16_t port = tu_tcp_listen(p->rt, NULL, pair_accept, p, &p->l);
-  connect_to(p->rt, port, 0, &p->cr, &p->cli);
+  connect_to(p->rt, port, 0, &p->cr, 0, &p->cli);
   tu_event_wait(&p->cr.ev, 1, "the connect callback");
   tu_assert_rc(p->cr.status, 0);
   tu_event_wait(&p->acc_ev, 1, "the accept callback");
@@ -565,6 +627,7 @@ static void ops_eperm(void *arg) {
   TU_CHECK_RC(weft_tcp_set_watermarks(c, 1, 2, drain_cb, NULL), -EPERM);
   TU_CHECK_RC(weft_tcp_nodelay(c, 1), -EPERM);
   TU_CHECK_RC(weft_tcp_keepalive(c, 1, 10), -EPERM);
+  TU_CHECK_RC(weft_tcp_set_data(c, NULL, NULL), -EPERM);
 }
 
 /* The server side reads until EOF. */
@@ -643,9 +706,10 @@ static void srv_close_twice(void *arg) {
   pair *p = arg;
   static char buf[8];
   TU_CHECK_RC(weft_tcp_read(p->srv, buf, sizeof buf, srv_late_read, p), 0);
-  TU_CHECK_RC(weft_tcp_close(p->srv, 0, on_close, &p->sr), 0);
-  TU_CHECK_RC(weft_tcp_close(p->srv, 0, on_close, &p->sr), -EALREADY);
-  TU_CHECK_RC(weft_tcp_close(p->srv, 1, on_close, &p->sr), -EALREADY);
+  TU_CHECK(weft_tcp_data(p->srv) == &p->sr); /* set in the accept callback */
+  TU_CHECK_RC(weft_tcp_close(p->srv, 0), 0);
+  TU_CHECK_RC(weft_tcp_close(p->srv, 0), -EALREADY);
+  TU_CHECK_RC(weft_tcp_close(p->srv, 1), -EALREADY);
 }
 
 static void test_pair_bad(void **state) {
@@ -653,7 +717,8 @@ static void test_pair_bad(void **state) {
   tu_reset_async_errors();
   static pair p;
   pair_open(&p);
-  tu_assert_rc(weft_tcp_close(NULL, 0, NULL, NULL), -EINVAL);
+  tu_assert_rc(weft_tcp_close(NULL, 0), -EINVAL);
+  tu_assert_rc(weft_tcp_set_data(NULL, NULL, NULL), -EINVAL);
   tu_on_strand(weft_tcp_strand(p.cli), ops_einval, p.cli);
   ops_eperm(p.cli); /* from the test thread */
   weft_strand *other;
@@ -676,9 +741,12 @@ static void test_pair_bad(void **state) {
   tu_event_wait(&p.sr.ev, 1, "the server side's close callback");
   assert_int_equal(p.late_read_cbs, 1);
   assert_int_equal(p.sr.close_cbs, 1);
-  tu_assert_rc(weft_tcp_close(p.cli, 0, on_close, &p.cr), 0);
+  tu_assert_rc(p.sr.close_again, -EALREADY);
+  /* from the test thread: its close callback was set in on_connect */
+  tu_assert_rc(weft_tcp_close(p.cli, 0), 0);
   tu_event_wait(&p.cr.ev, 2, "the client's close callback");
   assert_int_equal(p.cr.close_cbs, 1);
+  tu_assert_rc(p.cr.close_again, -EALREADY);
   pair_finish(&p);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }

@@ -48,7 +48,7 @@ static void write_cb(void *arg, weft_tcp *c, int status) {
   (void)arg;
   atomic_store(&g_write_status, status);
   atomic_fetch_add(&g_write_cbs, 1);
-  TU_CHECK(weft_tcp_close(c, 0, NULL, NULL) == 0);
+  TU_CHECK(weft_tcp_close(c, 0) == 0);
   tu_event_add(&g_done, 1);
 }
 

@@ -17,10 +17,12 @@
  *     a later handler on the strand, or another thread; graceful or
  *     abortive; in some iterations the peer sends data just before the
  *     close, so that the read may complete first.
- * Checked: every callback exactly once and each operation's callback before
- * the close callback; no callback after the close callback; a read that
- * had no data to complete it ends with -ECANCELED, one that completed got
- * the peer's bytes; writes complete in order, and the last one (which cannot
+ * The close callback is set (weft_tcp_set_data) in the accept or connect
+ * callback. Checked: every callback exactly once and each operation's
+ * callback before the close callback; no callback after the close
+ * callback; the close callback gets the data given; a read that had no
+ * data to complete it ends with -ECANCELED, one that completed got the
+ * peer's bytes; writes complete in order, and the last one (which cannot
  * fit in the kernel) with -ECANCELED. The read buffer is freed in the close
  * callback (ASan: a late callback or copy into it is a use after free), or
  * else filled with a canary and kept a while, then checked after the peer
@@ -105,6 +107,7 @@ static void note_late(rec *r, const char *what) {
 static void closed_cb(void *arg, weft_tcp *c) {
   rec *r = arg;
   TU_CHECK(on_strand_of(c));
+  TU_CHECK(weft_tcp_data(c) == r); /* weft_tcp_set_data's, as given */
   unsigned want_w = r->variant & V_WRITE ? NWRITES : 0;
   unsigned want_r = r->variant & V_EARLY ? atomic_load(&r->early_read)
                                          : !!(r->variant & V_READ);
@@ -160,7 +163,7 @@ static void write_cb(void *arg, weft_tcp *c, int status) {
 }
 
 static void do_close(rec *r, weft_tcp *c) {
-  int rc = weft_tcp_close(c, !!(r->variant & V_ABORT), closed_cb, r);
+  int rc = weft_tcp_close(c, !!(r->variant & V_ABORT));
   TU_CHECKF(rc == 0, "iteration %u: weft_tcp_close: %d (%s)",
             (unsigned)(r - g_recs), rc, weft_strerror(rc));
 }
@@ -196,9 +199,10 @@ static void accept_cb(void *arg, weft_tcp *c) {
   TU_CHECKF(r != NULL && atomic_load(&r->c) == NULL,
             "lane %u: a connection nobody made was accepted", ln->id);
   if (r == NULL || atomic_load(&r->c) != NULL) {
-    weft_tcp_close(c, 1, NULL, NULL);
+    weft_tcp_close(c, 1);
     return;
   }
+  TU_CHECK_RC(weft_tcp_set_data(c, r, closed_cb), 0);
   start_ops(r, c);
 }
 
@@ -206,6 +210,9 @@ static void connect_cb(void *arg, weft_tcp *c, int status) {
   rec *r = arg;
   TU_CHECK(on_strand_of(c));
   note_late(r, "connect");
+  /* V_EARLY: after the close, which weft.h allows (the close callback set
+   * by the end of the connect callback runs, after it) */
+  TU_CHECK_RC(weft_tcp_set_data(c, r, closed_cb), 0);
   atomic_fetch_add(&r->connect_cbs, 1);
   atomic_store(&r->connect_status, status);
   if (r->variant & V_EARLY) {

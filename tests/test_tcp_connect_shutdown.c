@@ -1,7 +1,7 @@
 /*
  * test_tcp_connect_shutdown: weft_tcp_connect racing a shutdown returns 0
  * or -ESHUTDOWN, nothing else, and every connect it accepted gets its
- * callback exactly once.
+ * connect callback exactly once, then its close callback exactly once.
  *
  * Each round: a runtime of 2 workers; a thread outside it connects to a
  * plain listening socket over and over (strand NULL, so each connection
@@ -9,9 +9,12 @@
  * DRAIN shutdown after a short, varying delay. The failing call must say
  * -ESHUTDOWN: a connect that passed the shutdown check just before the
  * shutdown began used to fail later, when its strand was refused, and
- * report that as -ENOMEM. When the shutdown has returned, the callbacks
- * run equal the connects accepted. The connections are left to the
- * shutdown to close.
+ * report that as -ENOMEM. The connections are left to the shutdown to
+ * close; each sets its close callback in its connect callback (weft.h:
+ * the shutdown closes every connection, and the close callback comes
+ * after the connection's other callbacks). When the shutdown has
+ * returned, the connect callbacks run and the close callbacks run each
+ * equal the connects accepted.
  */
 #include "testutil.h"
 
@@ -23,11 +26,17 @@ typedef struct round_ctx {
   unsigned accepted; /* weft_tcp_connect calls that returned 0 */
   int failed;        /* the first call that did not */
   tu_count cbs;      /* connect callbacks */
+  tu_count closes;   /* close callbacks */
 } round_ctx;
 
-static void connect_cb(void *arg, weft_tcp *c, int status) {
+static void close_cb(void *data, weft_tcp *c) {
   (void)c;
+  atomic_fetch_add(&((round_ctx *)data)->closes, 1);
+}
+
+static void connect_cb(void *arg, weft_tcp *c, int status) {
   (void)status;
+  TU_CHECK_RC(weft_tcp_set_data(c, arg, close_cb), 0);
   atomic_fetch_add(&((round_ctx *)arg)->cbs, 1);
 }
 
@@ -69,6 +78,7 @@ static void test_connect_during_shutdown(void **state) {
                "shutdown, not -ESHUTDOWN",
                i, r.failed, weft_strerror(r.failed));
     assert_int_equal(atomic_load(&r.cbs), r.accepted);
+    assert_int_equal(atomic_load(&r.closes), r.accepted);
     assert_int_equal(weft_rt_destroy(r.rt), 0);
   }
   close(lfd);

@@ -78,7 +78,7 @@ static void echo_fail(echo_conn *ec, const char *what, long v) {
   TU_CHECKF(false, "echo server: %s: %ld (%s)", what, v, weft_strerror((int)v));
   if (!ec->closing) {
     ec->closing = true;
-    int rc = weft_tcp_close(ec->c, 1, echo_closed, ec);
+    int rc = weft_tcp_close(ec->c, 1);
     TU_CHECKF(rc == 0, "echo server: close: %d", rc);
   }
 }
@@ -86,7 +86,7 @@ static void echo_fail(echo_conn *ec, const char *what, long v) {
 static void echo_maybe_finish(echo_conn *ec) {
   if (ec->eof && ec->inuse == 0 && !ec->reading && !ec->closing) {
     ec->closing = true;
-    int rc = weft_tcp_close(ec->c, 0, echo_closed, ec);
+    int rc = weft_tcp_close(ec->c, 0);
     TU_CHECKF(rc == 0, "echo server: close: %d (%s)", rc, weft_strerror(rc));
   }
 }
@@ -173,11 +173,13 @@ static void echo_accept(void *arg, weft_tcp *c) {
   echo_conn *ec = calloc(1, sizeof *ec);
   TU_CHECK(ec != NULL);
   if (ec == NULL) {
-    weft_tcp_close(c, 1, NULL, NULL);
+    weft_tcp_close(c, 1);
     return;
   }
   ec->srv = srv;
   ec->c = c;
+  /* echo_closed frees ec */
+  TU_CHECK_RC(weft_tcp_set_data(c, ec, echo_closed), 0);
   ec->rng = 0xEC40ull + atomic_fetch_add(&srv->seq, 1);
   for (unsigned i = 0; i < ECHO_NBUF; i++) {
     ec->slot[i] = (echo_slot){ec, i, malloc(ECHO_BUFSZ)};
@@ -438,7 +440,7 @@ static void wc_close(wclient *wc, int abortive) {
   if (wc->closing)
     return;
   wc->closing = true;
-  int rc = weft_tcp_close(wc->c, abortive, wc_closed, wc);
+  int rc = weft_tcp_close(wc->c, abortive);
   TU_CHECKF(rc == 0, "client close: %d (%s)", rc, weft_strerror(rc));
 }
 
@@ -556,8 +558,11 @@ static void wc_connected(void *arg, weft_tcp *c, int status) {
   wc_check_strand(wc, c);
   wc->c = c;
   wc->connect_status = status;
+  TU_CHECK_RC(weft_tcp_set_data(c, wc, wc_closed), 0);
   TU_CHECKF(status == 0, "connect: %d (%s)", status, weft_strerror(status));
   if (status != 0) {
+    /* weft.h: a failed connection closes itself once this returns; a close
+     * from inside this callback is still accepted */
     wc_close(wc, 1);
     return;
   }

@@ -155,9 +155,12 @@ typedef struct server {
   weft_listener *l;
 } server;
 
+static void closed_cb(void *arg, weft_tcp *c);
+
 static void accept_cb(void *arg, weft_tcp *c) {
   server *sv = arg;
   TU_CHECK(weft_strand_current() == weft_tcp_strand(c));
+  TU_CHECK_RC(weft_tcp_set_data(c, sv, closed_cb), 0);
   pthread_mutex_lock(&sv->m);
   bool room = sv->n < MAXCONN;
   if (room)
@@ -182,7 +185,7 @@ static void close_accepted(server *sv) {
   sv->n = 0;
   pthread_mutex_unlock(&sv->m);
   for (unsigned i = 0; i < n; i++)
-    tu_assert_rc(weft_tcp_close(tmp[i], 1, closed_cb, sv), 0);
+    tu_assert_rc(weft_tcp_close(tmp[i], 1), 0);
   tu_event_wait(&sv->closed, before + n, "the accepted connections to close");
 }
 

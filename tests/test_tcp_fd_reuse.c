@@ -83,7 +83,7 @@ static void server_close(rec *r, weft_tcp *c) {
   if (r->closing)
     return;
   r->closing = true;
-  int rc = weft_tcp_close(c, (r - g_recs) % 2, closed_cb, r);
+  int rc = weft_tcp_close(c, (r - g_recs) % 2);
   TU_CHECKF(rc == 0, "weft_tcp_close: %d (%s)", rc, weft_strerror(rc));
 }
 
@@ -152,11 +152,13 @@ static void accept_cb(void *arg, weft_tcp *c) {
   uint64_t i = atomic_fetch_add(&g_next, 1);
   TU_CHECKF(i < g_total, "more connections accepted than made");
   if (i >= g_total) {
-    weft_tcp_close(c, 1, NULL, NULL);
+    weft_tcp_close(c, 1);
     return;
   }
   rec *r = &g_recs[i];
   atomic_store(&r->c, c);
+  /* before anything closes c: the client thread too (policy 2) */
+  TU_CHECK_RC(weft_tcp_set_data(c, r, closed_cb), 0);
   struct sockaddr_storage a;
   unsigned alen = sizeof a;
   int rc = weft_tcp_peer_addr(c, (struct sockaddr *)&a, &alen);
@@ -209,8 +211,7 @@ static bool client_one(unsigned id, uint64_t seq) {
   if (lport % 3 == 2) {
     rec *r = wait_server_side(lport);
     ok = r != NULL;
-    rc = ok ? weft_tcp_close(atomic_load(&r->c), (int)(seq % 2), closed_cb, r)
-            : 0;
+    rc = ok ? weft_tcp_close(atomic_load(&r->c), (int)(seq % 2)) : 0;
     TU_CHECKF(rc == 0, "weft_tcp_close from a client thread: %d (%s)", rc,
               weft_strerror(rc));
   }

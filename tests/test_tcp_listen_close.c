@@ -54,7 +54,7 @@ static void accept_cb(void *arg, weft_tcp *c) {
   if (atomic_load(&r->done))
     atomic_fetch_add(&r->late, 1);
   atomic_fetch_add(&r->accepted, 1);
-  int rc = weft_tcp_close(c, 0, NULL, NULL);
+  int rc = weft_tcp_close(c, 0);
   TU_CHECKF(rc == 0, "weft_tcp_close of an accepted connection: %d", rc);
 }
 

@@ -20,7 +20,7 @@ static tu_count g_accepted;
 static void accept_cb(void *arg, weft_tcp *c) {
   atomic_fetch_add((tu_count *)arg, 1);
   atomic_fetch_add(&g_accepted, 1);
-  TU_CHECK(weft_tcp_close(c, 0, NULL, NULL) == 0);
+  TU_CHECK(weft_tcp_close(c, 0) == 0);
 }
 
 static struct sockaddr_in loopback(uint16_t port) {

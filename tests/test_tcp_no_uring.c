@@ -98,7 +98,7 @@ static void echo_got(void *arg, weft_tcp *c, long n) {
   echo *e = arg;
   if (n <= 0) {
     TU_CHECKF(n == 0, "echo read: %ld (%s)", n, weft_strerror((int)n));
-    TU_CHECK_RC(weft_tcp_close(c, 0, echo_closed, e), 0);
+    TU_CHECK_RC(weft_tcp_close(c, 0), 0);
     return;
   }
   TU_CHECK_RC(weft_tcp_write(c, e->buf, (size_t)n, echo_written, e), 0);
@@ -112,6 +112,7 @@ static void echo_accept(void *arg, weft_tcp *c) {
   echo *e = arg;
   TU_CHECK(weft_strand_current() == weft_tcp_strand(c));
   e->c = c;
+  TU_CHECK_RC(weft_tcp_set_data(c, e, echo_closed), 0);
   echo_read(e, c);
 }
 

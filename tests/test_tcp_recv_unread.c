@@ -70,7 +70,7 @@ static void on_data(void *arg, weft_tcp *c, long n) {
   sconn *s = arg;
   if (s->kind == K_ECHO) {
     if (n <= 0) {
-      weft_tcp_close(c, 0, closed, s);
+      weft_tcp_close(c, 0);
       return;
     }
     int rc = weft_tcp_write(c, s->buf, (size_t)n, on_echoed, s);
@@ -119,6 +119,7 @@ static void on_accept(void *arg, weft_tcp *c) {
   sconn *s = calloc(1, sizeof *s);
   TU_CHECK(s != NULL);
   s->c = c;
+  TU_CHECK_RC(weft_tcp_set_data(c, s, closed), 0); /* closed frees s */
   int rc = weft_tcp_read(c, s->hdr, sizeof s->hdr, on_hello, s);
   TU_CHECK(rc == 0);
 }
@@ -251,7 +252,7 @@ static void test_recv_unread(void **state) {
   assert_int_equal(st.recv_bufs_held, 0);
 
   for (int i = 0; i < HOGS; i++) {
-    tu_assert_rc(weft_tcp_close(g_hog[i]->c, 0, closed, g_hog[i]), 0);
+    tu_assert_rc(weft_tcp_close(g_hog[i]->c, 0), 0);
     close(fds[i]);
   }
   close(efd);

@@ -20,16 +20,26 @@
  *     connect got -ECANCELED (the two ends of the weft client's connection
  *     may instead see the other end's close: EOF or RST), writes 0 or
  *     -ECANCELED in order, the last -ECANCELED;
- *   - the connections the user closed got their close callback exactly
- *     once, after their operations' callbacks;
+ *   - every connection got its close callback (set with weft_tcp_set_data
+ *     in its accept or connect callback) exactly once, whether the user or
+ *     the shutdown closed it, the pending connect's included (weft.h: it
+ *     "runs exactly once whatever ends the connection"), with the data
+ *     given, after its operations' and its connect callbacks;
  *   - the sockets are closed: every plain client sees EOF or RST, and the
  *     listener's port refuses connections;
  *   - weft_listener_close is -EALREADY (done not called), weft_tcp_listen
  *     and weft_tcp_connect are -ESHUTDOWN; weft_rt_destroy returns 0 and
  *     the sanitizers find nothing (a read buffer is freed in its callback).
- * weft.h does not say whether weft_tcp_close may still be called on a
- * connection after the shutdown closed it (its memory may be gone), so
- * that is not done here.
+ * A connection must not be used once its close callback has run, so
+ * nothing touches one after the shutdown. Two more cases, with one
+ * accepted connection (a read in flight) each:
+ *   - weft_tcp_close from the test thread once a NOWAIT shutdown (DRAIN and
+ *     CANCEL) has begun, while a handler holds the connection's strand (so
+ *     its close callback cannot have run): -ESHUTDOWN; no callback of it
+ *     has run yet; once the shutdown is over the read got -ECANCELED and
+ *     the close callback came exactly once, and the client sees the
+ *     connection closed;
+ *   - weft_rt_destroy without weft_rt_shutdown: the same, once it returns.
  */
 #include "testutil.h"
 
@@ -44,6 +54,8 @@ typedef struct sconn {
   weft_tcp *c;
   unsigned char *rbuf, *wbuf;
   bool writes, user_close;
+  bool connects; /* weft_tcp_connect: its connect callback comes first */
+  bool no_read;  /* never connected: no read was made */
   uint16_t peer_port, local_port;
   atomic_uint connect_cbs, read_cbs, write_cbs, close_cbs, order_bad;
   atomic_long read_res;
@@ -87,11 +99,14 @@ static void write_cb(void *arg, weft_tcp *c, int status) {
 static void close_cb(void *arg, weft_tcp *c) {
   sconn *s = arg;
   TU_CHECK(on_strand_of(c) && c == s->c);
-  TU_CHECKF(atomic_load(&s->read_cbs) == 1 &&
-                atomic_load(&s->write_cbs) == (s->writes ? NW : 0),
+  TU_CHECK(weft_tcp_data(c) == s);
+  TU_CHECKF(atomic_load(&s->read_cbs) == (s->no_read ? 0u : 1u) &&
+                atomic_load(&s->write_cbs) == (s->writes ? NW : 0) &&
+                atomic_load(&s->connect_cbs) == (s->connects ? 1u : 0u),
             "close callback before the operations' callbacks (%u read, %u "
-            "write)",
-            atomic_load(&s->read_cbs), atomic_load(&s->write_cbs));
+            "write, %u connect)",
+            atomic_load(&s->read_cbs), atomic_load(&s->write_cbs),
+            atomic_load(&s->connect_cbs));
   atomic_fetch_add(&s->close_cbs, 1);
 }
 
@@ -112,10 +127,11 @@ static void accept_cb(void *arg, weft_tcp *c) {
   unsigned i = atomic_fetch_add(&g_nacc, 1);
   TU_CHECKF(i < NCONN, "more connections accepted than made");
   if (i >= NCONN) {
-    weft_tcp_close(c, 1, NULL, NULL);
+    weft_tcp_close(c, 1);
     return;
   }
   sconn *s = &g_acc[i];
+  TU_CHECK_RC(weft_tcp_set_data(c, s, close_cb), 0);
   s->writes = i < NPLAIN && i % 5 == 0; /* not on the weft client's peer */
   s->user_close = i % 7 == 3;
   s->wbuf = s->writes ? malloc(NW * WCHUNK) : NULL;
@@ -131,6 +147,9 @@ static void connect_cb(void *arg, weft_tcp *c, int status) {
   sconn *s = arg;
   TU_CHECK(on_strand_of(c));
   TU_CHECK(atomic_load(&s->close_cbs) == 0);
+  /* the pending connect too: it fails at the shutdown, then closes itself
+   * and its close callback comes */
+  TU_CHECK_RC(weft_tcp_set_data(c, s, close_cb), 0);
   atomic_store(&s->connect_res, status);
   atomic_fetch_add(&s->connect_cbs, 1);
   if (s == &g_cli) {
@@ -158,6 +177,8 @@ static void world_open(world *w) {
   memset(g_acc, 0, sizeof g_acc);
   memset(&g_cli, 0, sizeof g_cli);
   memset(&g_pending, 0, sizeof g_pending);
+  g_cli.connects = g_pending.connects = true;
+  g_pending.no_read = true;
   atomic_store(&g_nacc, 0);
   tu_event_init(&g_ev);
   tu_rt_create(&w->rt, NWORKERS, 0);
@@ -210,9 +231,12 @@ static void check_conn(const sconn *s, const char *what, unsigned i,
       fail_msg("%s %u: write %u completed with %d (%s)", what, i, k, st,
                weft_strerror(st));
   }
-  if (atomic_load(&s->close_cbs) != (s->user_close ? 1u : 0u))
-    fail_msg("%s %u: %u close callbacks, the user closed it %s", what, i,
-             atomic_load(&s->close_cbs), s->user_close ? "once" : "never");
+  /* weft.h: exactly once, whatever closed it (before, a connection that
+   * the shutdown closed got none) */
+  if (atomic_load(&s->close_cbs) != 1)
+    fail_msg("%s %u: %u close callbacks, expected one (closed by %s)", what, i,
+             atomic_load(&s->close_cbs),
+             s->user_close ? "the user" : "the shutdown");
 }
 
 /* After the shutdown: the descriptors are closed. */
@@ -266,9 +290,11 @@ static void run_shutdown(int mode) {
   static world w;
   memset(&w, 0, sizeof w);
   world_open(&w);
+  /* from the test thread: their close callback was set in the accept
+   * callback */
   for (unsigned i = 0; i < NCONN; i++)
     if (g_acc[i].user_close)
-      tu_assert_rc(weft_tcp_close(g_acc[i].c, i % 2, close_cb, &g_acc[i]), 0);
+      tu_assert_rc(weft_tcp_close(g_acc[i].c, i % 2), 0);
   tu_assert_rc(weft_rt_shutdown(w.rt, mode), 0);
 
   for (unsigned i = 0; i < NCONN; i++)
@@ -278,6 +304,9 @@ static void run_shutdown(int mode) {
   assert_int_equal(atomic_load(&g_cli.connect_cbs), 1);
   assert_int_equal(atomic_load(&g_pending.connect_cbs), 1);
   tu_assert_rc(atomic_load(&g_pending.connect_res), -ECANCELED);
+  /* a failed connect closes itself: its close callback still comes */
+  assert_int_equal(atomic_load(&g_pending.read_cbs), 0);
+  assert_int_equal(atomic_load(&g_pending.close_cbs), 1);
   check_closed(&w);
   check_refused(&w);
   TU_ASSERT_NO_ASYNC_ERRORS();
@@ -301,11 +330,111 @@ static void test_shutdown_cancel(void **state) {
   run_shutdown(WEFT_SHUTDOWN_CANCEL);
 }
 
+/* ------------------------------------ one connection, closed from outside */
+
+static void accept_one(void *arg, weft_tcp *c) {
+  sconn *s = arg;
+  TU_CHECK(on_strand_of(c));
+  TU_CHECKF(s->c == NULL, "a second connection was accepted");
+  if (s->c != NULL) {
+    weft_tcp_close(c, 1);
+    return;
+  }
+  TU_CHECK_RC(weft_tcp_set_data(c, s, close_cb), 0);
+  start_ops(s, c); /* a read in flight */
+  tu_event_add(&g_ev, 1);
+}
+
+/* A runtime with one connection accepted from a plain client (*fd) into
+ * s, its read in flight. */
+static weft_rt *one_open(sconn *s, int *fd) {
+  memset(s, 0, sizeof *s);
+  tu_event_init(&g_ev);
+  weft_rt *rt;
+  tu_rt_create(&rt, NWORKERS, 0);
+  tu_assert_backend(rt);
+  weft_listener *l;
+  uint16_t port = tu_tcp_listen(rt, NULL, accept_one, s, &l);
+  *fd = tu_sock_connect(port, 0, 0);
+  assert_true(*fd >= 0);
+  tu_event_wait(&g_ev, 1, "the accept callback");
+  return rt;
+}
+
+/* After the runtime closed s: its read got -ECANCELED, then exactly one
+ * close callback came; the client sees EOF or RST. */
+static void one_check(sconn *s, int fd, const char *what) {
+  check_conn(s, what, 0, false);
+  int rc = tu_sock_wait_closed(fd, TU_WAIT_S * 1000, NULL);
+  if (rc != 0 && rc != -ECONNRESET)
+    fail_msg("%s: the client's connection was not closed (%s)", what,
+             strerror(-rc));
+  close(fd);
+  tu_event_destroy(&g_ev);
+}
+
+static void run_close_after_shutdown(int mode) {
+  tu_reset_async_errors();
+  tu_phase(mode == WEFT_SHUTDOWN_DRAIN ? "close after a DRAIN shutdown began"
+                                       : "close after a CANCEL shutdown began");
+  static sconn s;
+  int fd;
+  weft_rt *rt = one_open(&s, &fd);
+  /* A handler holds the connection's strand: none of its callbacks, the
+   * close callback included, can run until the gate opens, so s.c stays
+   * valid. */
+  tu_gate g;
+  tu_gate_init(&g);
+  tu_assert_rc(weft_post(weft_tcp_strand(s.c), tu_gate_handler, &g), 0);
+  tu_wait_count(&g.entered, 1, "the gate handler to start");
+  tu_assert_rc(weft_rt_shutdown(rt, mode | WEFT_SHUTDOWN_NOWAIT), 0);
+  /* weft.h: from outside the runtime once its shutdown has begun:
+   * -ESHUTDOWN, "the shutdown closes c, and the close callback still
+   * comes" */
+  tu_assert_rc(weft_tcp_close(s.c, 0), -ESHUTDOWN);
+  assert_int_equal(atomic_load(&s.read_cbs), 0);
+  assert_int_equal(atomic_load(&s.close_cbs), 0);
+  tu_gate_open(&g);
+  tu_assert_rc(weft_rt_wait(rt, (uint64_t)TU_WAIT_S * 1000000000u), 0);
+  one_check(&s, fd, "connection closed from outside during the shutdown");
+  TU_ASSERT_NO_ASYNC_ERRORS();
+  tu_assert_rc(weft_rt_destroy(rt), 0);
+  tu_gate_destroy(&g);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+static void test_close_after_shutdown_drain(void **state) {
+  (void)state;
+  run_close_after_shutdown(WEFT_SHUTDOWN_DRAIN);
+}
+
+static void test_close_after_shutdown_cancel(void **state) {
+  (void)state;
+  run_close_after_shutdown(WEFT_SHUTDOWN_CANCEL);
+}
+
+/* weft_rt_destroy without weft_rt_shutdown closes the connection too, and
+ * its close callback comes before weft_rt_destroy returns. */
+static void test_destroy_closes(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("destroy without shutdown");
+  static sconn s;
+  int fd;
+  weft_rt *rt = one_open(&s, &fd);
+  tu_assert_rc(weft_rt_destroy(rt), 0);
+  one_check(&s, fd, "connection open at weft_rt_destroy");
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_shutdown_drain),
       cmocka_unit_test(test_shutdown_cancel),
+      cmocka_unit_test(test_close_after_shutdown_drain),
+      cmocka_unit_test(test_close_after_shutdown_cancel),
+      cmocka_unit_test(test_destroy_closes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

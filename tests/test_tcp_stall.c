@@ -44,7 +44,7 @@ static void on_written(void *arg, weft_tcp *c, int status) {
   struct econn *e = arg;
   if (status == 0 && weft_tcp_read(c, e->buf, sizeof e->buf, on_read, e) == 0)
     return;
-  weft_tcp_close(c, 0, on_closed, e);
+  weft_tcp_close(c, 0);
 }
 
 static void stuck(void *arg);
@@ -57,7 +57,7 @@ static void on_read(void *arg, weft_tcp *c, long n) {
       TU_CHECK_RC(weft_post(g_stall_strand, stuck, NULL), 0);
     return;
   }
-  weft_tcp_close(c, 0, on_closed, e);
+  weft_tcp_close(c, 0);
 }
 
 static void on_accept(void *arg, weft_tcp *c) {
@@ -65,6 +65,7 @@ static void on_accept(void *arg, weft_tcp *c) {
   struct econn *e = calloc(1, sizeof *e);
   TU_CHECK(e != NULL);
   e->c = c;
+  TU_CHECK_RC(weft_tcp_set_data(c, e, on_closed), 0); /* on_closed frees e */
   TU_CHECK_RC(weft_tcp_read(c, e->buf, sizeof e->buf, on_read, e), 0);
 }
 

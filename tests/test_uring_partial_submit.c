@@ -27,6 +27,9 @@
  *     (a hold never dropped keeps it up, one dropped twice wraps it);
  *   - weft_rt_shutdown returns (every close entry was counted down);
  *     afterwards no ring has a hold or a close left;
+ *   - with connections open at the shutdown: when it returns, each
+ *     client sees its connection closed, and each connection has had its
+ *     read callback (an error) and then its close callback, once;
  *   - after weft_rt_destroy the process has as many descriptors open as
  *     before.
  * Registered with WEFT_BACKEND=uring: a runtime on epoll fails the test.
@@ -51,6 +54,7 @@ typedef struct ctx {
 typedef struct conn {
   ctx *x;
   char byte;
+  unsigned read_cbs; /* on the connection's strand */
 } conn;
 
 static _Thread_local uint64_t rng;
@@ -72,26 +76,29 @@ static void maybe_inject(ctx *x) {
   weft__local_end(sh);
 }
 
+/* Once per connection, whatever closed it, after its read callback. */
 static void close_cb(void *arg, weft_tcp *c) {
   (void)c;
   conn *k = arg;
+  TU_CHECKF(k->read_cbs == 1, "close callback after %u read callbacks",
+            k->read_cbs);
   atomic_fetch_add(&k->x->closed, 1);
   free(k);
 }
 
 static void read_cb(void *arg, weft_tcp *c, long n) {
   conn *k = arg;
-  if (k->x->shutting) { /* the shutdown closes c */
+  k->read_cbs++;
+  if (k->x->shutting) { /* the shutdown closes c; close_cb frees k */
     TU_CHECKF(n < 0, "read during the shutdown: %ld, want an error", n);
     maybe_inject(k->x);
     atomic_fetch_add(&k->x->cancelled, 1);
-    free(k);
     return;
   }
   TU_CHECKF(n == 1, "read: %ld, want the client's byte", n);
   atomic_fetch_add(&k->x->reads, 1);
   maybe_inject(k->x);
-  int rc = weft_tcp_close(c, 0, close_cb, k);
+  int rc = weft_tcp_close(c, 0);
   TU_CHECKF(rc == 0, "weft_tcp_close: %d", rc);
   maybe_inject(k->x);
 }
@@ -104,6 +111,8 @@ static void accept_cb(void *arg, weft_tcp *c) {
   if (!k)
     return;
   k->x = x;
+  k->read_cbs = 0;
+  TU_CHECK_RC(weft_tcp_set_data(c, k, close_cb), 0);
   maybe_inject(x);
   int rc = weft_tcp_read(c, &k->byte, 1, read_cb, k);
   TU_CHECKF(rc == 0, "weft_tcp_read: %d", rc);
@@ -255,6 +264,8 @@ static void test_shutdown_closes(void **state) {
       close(fds[i]);
     }
     assert_int_equal(atomic_load(&x.cancelled), BATCH);
+    /* weft.h: the shutdown gives each connection its close callback */
+    assert_int_equal(atomic_load(&x.closed), BATCH);
     check_rings(rt);
     tu_assert_rc(weft_rt_destroy(rt), 0);
     TU_ASSERT_NO_ASYNC_ERRORS();

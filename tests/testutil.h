@@ -757,6 +757,37 @@ static inline void tu_listener_close(weft_listener *l) {
   tu_event_destroy(&done);
 }
 
+/* Gives c its data and close callback from the test thread: runs
+ * weft_tcp_set_data (which must be called on c's strand) there and waits
+ * until it has returned, failing the test unless it returned 0. For a test
+ * that then closes c from its own thread (weft_tcp_close may be called from
+ * any thread). c must not be closed yet. Test thread only. */
+typedef struct tu_tcp_data_call {
+  weft_tcp *c;
+  void *data;
+  weft_close_fn fn;
+  int rc;
+} tu_tcp_data_call;
+
+static inline void tu_tcp_set_data_handler(void *arg) {
+  tu_tcp_data_call *dc = arg;
+  dc->rc = weft_tcp_set_data(dc->c, dc->data, dc->fn);
+}
+
+#define tu_tcp_set_data(c, data, fn)                                           \
+  tu_tcp_set_data_(__FILE__, __LINE__, (c), (data), (fn))
+static inline void tu_tcp_set_data_(const char *file, int line, weft_tcp *c,
+                                    void *data, weft_close_fn fn) {
+  tu_tcp_data_call dc = {c, data, fn, 1};
+  tu_on_strand_(file, line, weft_tcp_strand(c), tu_tcp_set_data_handler, &dc);
+  if (dc.rc != 0) {
+    print_error("weft_tcp_set_data on the connection's strand returned %d "
+                "(%s), expected 0\n",
+                dc.rc, weft_strerror(dc.rc));
+    _fail(file, line);
+  }
+}
+
 /* The local port of a plain socket, 0 on error. */
 static inline uint16_t tu_sock_port(int fd) {
   struct sockaddr_storage a;
