@@ -356,8 +356,10 @@ static void live_drop(struct weft_listener *l) {
   /* seq_cst: the closer's done and done_arg were written before its
    * fetch_or, which this reads from (or follows) when it sees the bit. */
   uint64_t prev = weft__fetch_sub(&l->live, 2, WA_SC);
-  if ((prev >> 1) == 1 && (prev & 1) && l->done)
+  if ((prev >> 1) == 1 && (prev & 1) && l->done) {
+    weft__calling((void *)l->done);
     l->done(l->done_arg);
+  }
 }
 
 /* From the listening socket's strand, before the connection is signalled:
@@ -372,6 +374,7 @@ uint32_t weft__listener_active(const struct weft_listener *l) {
 }
 
 void weft__listener_deliver(struct weft_listener *l, weft_tcp *conn) {
+  weft__calling((void *)l->fn);
   l->fn(l->arg, conn);
   live_drop(l);
 }

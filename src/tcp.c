@@ -122,12 +122,15 @@ static void flush_done(struct weft__conn *c) {
     void *arg = w->arg;
     int status = w->status;
     wreq_release(c, w);
+    weft__calling((void *)fn);
     fn(arg, (weft_tcp *)c, status);
   }
   if (c->drain_wanted && c->queued <= c->low && c->s.state == ST_OPEN) {
     c->drain_wanted = false;
-    if (c->dfn)
+    if (c->dfn) {
+      weft__calling((void *)c->dfn);
       c->dfn(c->darg, (weft_tcp *)c);
+    }
   }
 }
 
@@ -361,6 +364,7 @@ static void connect_done(struct weft__conn *c, int status) {
   weft_connect_fn fn = cn->fn;
   void *arg = cn->arg;
   free(cn);
+  weft__calling((void *)fn);
   fn(arg, (weft_tcp *)c, status);
   if (status != 0)
     weft__tcp_close_self(c); /* a failed connection closes itself */

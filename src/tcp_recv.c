@@ -63,6 +63,7 @@ void weft__recv_done(struct weft__conn *c, long n) {
     weft__tmo_progress(c, false);
   weft_read_fn fn = c->rfn;
   c->rfn = NULL;
+  weft__calling((void *)fn);
   fn(c->rarg, (weft_tcp *)c, n);
 }
 

@@ -199,12 +199,69 @@ static void test_stuck_spinning(void **state) {
   run(true);
 }
 
+/* ------------------------------------------- a report names the callback */
+
+/* A read callback that sleeps 20 ms is reported naming it (weft_stall's
+ * handler: "the function it is in"), not weft's socket handler that
+ * called it. */
+static atomic_uintptr_t g_named;
+static tu_event g_slept_read;
+
+static void name_stall(const weft_stall *st, void *ctx) {
+  (void)ctx;
+  uintptr_t none = 0;
+  atomic_compare_exchange_strong(&g_named, &none, (uintptr_t)st->handler);
+}
+
+static char g_rbuf[16];
+
+static void sleepy_read(void *arg, weft_tcp *c, long n) {
+  (void)arg;
+  (void)n;
+  tu_sleep_ms(20);
+  weft_tcp_close(c, 0);
+  tu_event_add(&g_slept_read, 1);
+}
+
+static void accept_sleepy(void *arg, weft_tcp *c) {
+  (void)arg;
+  TU_CHECK_RC(weft_tcp_read(c, g_rbuf, sizeof(g_rbuf), sleepy_read, NULL), 0);
+}
+
+static void test_report_names_read_callback(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("a stall in a read callback names it");
+  atomic_store(&g_named, 0);
+  tu_event_init(&g_slept_read);
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.stall_threshold_ns = 1000000;
+  cfg.on_stall = name_stall;
+  weft_rt *rt;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  weft_listener *l;
+  uint16_t port = tu_tcp_listen(rt, NULL, accept_sleepy, NULL, &l);
+  int fd = tu_sock_connect(port, 0, 0);
+  assert_true(fd >= 0);
+  assert_int_equal(tu_sock_send_all(fd, "x", 1), 0);
+  tu_event_wait(&g_slept_read, 1, "the sleepy read callback");
+  tu_listener_close(l);
+  assert_int_equal(weft_rt_destroy(rt), 0); /* the monitor has stopped */
+  close(fd);
+  assert_true(atomic_load(&g_named) == (uintptr_t)sleepy_read);
+  tu_event_destroy(&g_slept_read);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stuck_sleeping),
       cmocka_unit_test(test_stuck_spinning),
       cmocka_unit_test(test_reply_then_stuck),
+      cmocka_unit_test(test_report_names_read_callback),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
