@@ -187,6 +187,8 @@ int weft__io_init(weft_rt *rt, int backend) {
     backend = WEFT_BACKEND_URING;
     r = probe_uring(&rt->shards[0]);
     if (r && r != -ENOMEM && r != -EMFILE && r != -ENFILE) {
+      weft__log(rt, WEFT_LOG_INFO, "io_uring refused (%s): sockets use epoll",
+                weft_strerror(r));
       backend = WEFT_BACKEND_EPOLL;
       r = 0;
     }

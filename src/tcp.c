@@ -594,12 +594,13 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
 /* ---- the API ---------------------------------------------------------------
  */
 
-/* The checks every operation on an open connection makes. */
-static int usable(const struct weft__conn *c) {
+/* The checks every operation on an open connection makes; what names the
+ * call in a misuse message. */
+static int usable(const struct weft__conn *c, const char *what) {
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
   if (!weft__sock_on_strand(&c->s))
-    return -EPERM;
+    return weft__tcp_off_strand(c, what);
   if (weft__load(&c->close_req, WA_RLX))
     return -EBADF;
   switch (c->s.state) {
@@ -616,7 +617,7 @@ static int usable(const struct weft__conn *c) {
 int weft_tcp_read(weft_tcp *tcp, void *buf, size_t len, weft_read_fn fn,
                   void *arg) {
   struct weft__conn *c = weft__conn_of(tcp);
-  int r = usable(c);
+  int r = usable(c, "weft_tcp_read");
   if (r)
     return r;
   if (!buf || !fn || !len)
@@ -656,7 +657,7 @@ static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
 int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
                     weft_write_fn fn, void *arg) {
   struct weft__conn *c = weft__conn_of(tcp);
-  int r = usable(c);
+  int r = usable(c, "weft_tcp_write");
   if (r)
     return r;
   if (!iov || iovcnt < 1 || iovcnt > 1024)
@@ -714,7 +715,7 @@ int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
   if (!c || c->s.kind != SK_CONN || low > high || !high)
     return -EINVAL;
   if (!weft__sock_on_strand(&c->s))
-    return -EPERM;
+    return weft__tcp_off_strand(c, "weft_tcp_set_watermarks");
   c->low = low;
   c->high = high;
   c->dfn = fn;
@@ -724,7 +725,7 @@ int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
 
 int weft_tcp_shutdown(weft_tcp *tcp) {
   struct weft__conn *c = weft__conn_of(tcp);
-  int r = usable(c);
+  int r = usable(c, "weft_tcp_shutdown");
   if (r)
     return r;
   if (c->shut_req)
@@ -763,7 +764,7 @@ int weft_tcp_set_data(weft_tcp *tcp, void *data, weft_close_fn on_close) {
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
   if (!weft__sock_on_strand(&c->s))
-    return -EPERM;
+    return weft__tcp_off_strand(c, "weft_tcp_set_data");
   c->data = data;
   c->clfn = on_close;
   return 0;
@@ -772,6 +773,15 @@ int weft_tcp_set_data(weft_tcp *tcp, void *data, weft_close_fn on_close) {
 void *weft_tcp_data(const weft_tcp *tcp) {
   const struct weft__conn *c = weft__conn_of(tcp);
   return c && c->s.kind == SK_CONN ? c->data : NULL;
+}
+
+int weft__tcp_off_strand(const struct weft__conn *c, const char *what) {
+  weft__log(c->s.rt, WEFT_LOG_DEBUG,
+            "%s(%p): not called on the connection's strand (%p): call it "
+            "from one of the connection's callbacks, or post to "
+            "weft_tcp_strand(conn)",
+            what, (void *)c, (void *)c->s.strand);
+  return -EPERM;
 }
 
 static int check_addr(const struct sockaddr *addr, unsigned addrlen) {

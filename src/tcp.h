@@ -128,6 +128,8 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen);
 /* On the strand: weft closes c by itself (a shutdown, a failed connect, a
  * timeout), unless a weft_tcp_close came first. */
 void weft__tcp_close_self(struct weft__conn *c);
+/* A call made off c's strand: logs which (WEFT_LOG_DEBUG), -EPERM. */
+int weft__tcp_off_strand(const struct weft__conn *c, const char *what);
 int weft__tcp_socket(weft_rt *rt, int family);
 
 #endif

@@ -16,7 +16,7 @@ static int sockopt(weft_tcp *c, int level, int name, int val) {
   if (!s || s->kind != SK_CONN)
     return -EINVAL;
   if (!weft__sock_on_strand(s))
-    return -EPERM;
+    return weft__tcp_off_strand(weft__conn_of(c), "weft_tcp option");
   if (s->fd < 0)
     return -EBADF;
   if (setsockopt(s->fd, level, name, &val, sizeof(val)) < 0)
@@ -47,7 +47,8 @@ static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
   if (!s || !addr || !addrlen || s->kind != SK_CONN)
     return -EINVAL;
   if (!weft__sock_on_strand(s))
-    return -EPERM;
+    return weft__tcp_off_strand(weft__conn_of(c), peer ? "weft_tcp_peer_addr"
+                                                       : "weft_tcp_local_addr");
   if (s->fd < 0)
     return -EBADF;
   socklen_t len = *addrlen;

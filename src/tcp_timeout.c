@@ -93,7 +93,7 @@ int weft_tcp_set_timeouts(weft_tcp *tcp, uint64_t idle_ns, uint64_t read_ns,
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
   if (!weft__sock_on_strand(&c->s))
-    return -EPERM;
+    return weft__tcp_off_strand(c, "weft_tcp_set_timeouts");
   if (c->s.state != ST_OPEN || weft__load(&c->close_req, WA_RLX))
     return c->s.state < ST_OPEN ? -ENOTCONN : -EBADF;
   uint64_t now = weft__now_ns();

@@ -21,6 +21,8 @@
  *    runtime then shuts down. Every A, B and far end gets exactly one
  *    close callback. A's strand must outlive B (a debug build of weft
  *    aborts on a post to a reclaimed strand).
+ *  - Misuse is named: with log_level WEFT_LOG_DEBUG, a read made off the
+ *    connection's strand logs the call and the rule it broke.
  */
 #include "testutil.h"
 
@@ -351,6 +353,64 @@ static void test_lent_strand_shutdown(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* ------------------------------------------------ misuse is named */
+
+/* With log_level WEFT_LOG_DEBUG, a connection call off its strand logs
+ * which call broke which rule, besides returning -EPERM. */
+typedef struct msgs {
+  pthread_mutex_t m;
+  char last[512];
+  int level;
+} msgs;
+
+static void log_to(void *ctx, int level, const char *msg) {
+  msgs *ms = ctx;
+  pthread_mutex_lock(&ms->m);
+  snprintf(ms->last, sizeof(ms->last), "%s", msg);
+  ms->level = level;
+  pthread_mutex_unlock(&ms->m);
+}
+
+static void accept_keep(void *arg, weft_tcp *c) {
+  atomic_store((_Atomic(weft_tcp *) *)arg, c);
+}
+
+static void test_misuse_logged(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("lifetime: misuse is logged");
+  msgs ms = {.m = PTHREAD_MUTEX_INITIALIZER};
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.log_fn = log_to;
+  cfg.log_ctx = &ms;
+  cfg.log_level = WEFT_LOG_DEBUG;
+  weft_rt *rt;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  _Atomic(weft_tcp *) kept = NULL;
+  weft_listener *l;
+  uint16_t port = tu_tcp_listen(rt, NULL, accept_keep, (void *)&kept, &l);
+  int fd = tu_sock_connect(port, 0, 0);
+  assert_true(fd >= 0);
+  while (!atomic_load(&kept))
+    tu_sleep_ms(1);
+  char buf[8];
+  assert_int_equal(
+      weft_tcp_read(atomic_load(&kept), buf, sizeof(buf), on_read_rec, NULL),
+      -EPERM);
+  pthread_mutex_lock(&ms.m);
+  print_message("[ INFO     ] logged: %s\n", ms.last);
+  assert_int_equal(ms.level, WEFT_LOG_DEBUG);
+  assert_non_null(strstr(ms.last, "weft_tcp_read"));
+  assert_non_null(strstr(ms.last, "not called on the connection's strand"));
+  pthread_mutex_unlock(&ms.m);
+  tu_listener_close(l);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  close(fd);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
@@ -358,6 +418,7 @@ int main(void) {
       cmocka_unit_test(test_posted_before_shutdown),
       cmocka_unit_test(test_timer_on_strand),
       cmocka_unit_test(test_lent_strand_shutdown),
+      cmocka_unit_test(test_misuse_logged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
