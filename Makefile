@@ -30,6 +30,8 @@
 #                   benchmark in 5 alternating rounds, their medians and
 #                   plots written into BENCHMARKS.md and docs/img/ (deps:
 #                   the above and python3-matplotlib)
+#   make reference  write docs/reference.md from include/weft.h
+#                   (tools/gen-reference; a test checks it is current)
 #   make format | format-check                   clang-format the sources
 #   make clean      remove the build directories
 #
@@ -88,7 +90,8 @@ TSAN_ARGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread \
              -DWEFT_TEST_SCALE=16
 
 .PHONY: all deps build build-bench demo test test-release test-asan \
-        test-tsan bench bench-net bench-report format format-check install clean
+        test-tsan bench bench-net bench-report reference format format-check \
+        install clean
 
 all: build
 
@@ -166,6 +169,9 @@ bench-report:
 	@sh tools/deps.sh report
 	@$(MAKE) build-bench
 	./tools/bench-report --build build $(BENCH_REPORT_ARGS)
+
+reference:
+	sh tools/gen-reference include/weft.h > docs/reference.md
 
 format:
 	@command -v $(CLANG_FORMAT) >/dev/null || \

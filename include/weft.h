@@ -432,19 +432,23 @@ WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
  * connect callback (whatever the result). Its last is its close callback,
  * set with weft_tcp_set_data, which runs exactly once whatever ends the
  * connection: weft_tcp_close, a failed or cancelled connect (the
- * connection closes itself once the connect callback returns), or the
- * runtime's shutdown (any mode, weft_rt_destroy included). It runs on the
- * strand after every other callback of the connection has returned, and
- * after it weft never touches the connection again: free what belongs to
- * the connection there, and nowhere else. A read or write error does not
+ * connection closes itself once the connect callback returns), a timeout
+ * (weft_tcp_set_timeouts), or the runtime's shutdown (any mode,
+ * weft_rt_destroy included). It runs on the strand after every other
+ * callback of the connection has returned and after every handler posted
+ * to the strand before the connection finished closing, and after it weft
+ * never touches the connection again: free what belongs to the
+ * connection there, and nowhere else. A read or write error does not
  * close the connection: close it (a callback that sees an error may call
  * weft_tcp_close even when a close is under way; it returns -EALREADY).
  * The connection must not be used once its close callback has returned.
  *
  * Strands. A connection weft made a strand for (accepted, or connect with
- * strand NULL) keeps it until its close callback has returned: timers on
- * weft_tcp_strand(conn) must be destroyed by then, and the close callback
- * is the place (weft_timer_destroy drops a firing still queued).
+ * strand NULL) keeps it until its close callback has returned, and as long
+ * as another connection made on it (weft_tcp_connect with
+ * weft_tcp_strand(conn)) is open: timers on the strand must be destroyed
+ * by then, and the close callback is the place (weft_timer_destroy drops a
+ * firing still queued).
  *
  * Buffers are the caller's: a read buffer must stay valid until the read
  * callback has been called, a write buffer (and, for writev, the memory the
