@@ -618,7 +618,10 @@ WEFT_API int weft_tcp_shutdown(weft_tcp *c);
  * (SO_LINGER 0). Errors: -EINVAL (c NULL), -EALREADY (already closing:
  * closed before, or closing by itself), -ESHUTDOWN (called from outside
  * the runtime once its shutdown has begun: the shutdown closes c, and the
- * close callback still comes). Any thread. */
+ * close callback still comes). Any thread; but c may close by itself (a
+ * timeout, a shutdown), and once its close callback has returned c is
+ * gone: a thread other than c's strand must know that it has not, for
+ * example by holding a lock that the close callback also takes. */
 WEFT_API int weft_tcp_close(weft_tcp *c, int abortive);
 
 /* Ties data to c: weft_tcp_data(c) returns it, and on_close(data, c)
