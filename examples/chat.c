@@ -95,7 +95,6 @@ static pthread_mutex_t g_rooms_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct room *g_rooms;
 static bool g_stopping; /* under g_rooms_mu */
 
-static void on_read(void *arg, weft_tcp *c, long n);
 
 /* ------------------------------------------------------------- objects */
 
@@ -345,41 +344,35 @@ static void client_line(struct client *cl, char *line) {
     msg_unref(m);
 }
 
-/* Handles the complete lines in rbuf and keeps the rest; a full buffer
- * without an end of line counts as a line. */
-static void client_input(struct client *cl) {
-  size_t pos = 0;
-  while (!cl->leaving) {
-    char *nl = memchr(cl->rbuf + pos, '\n', cl->rlen - pos);
-    size_t end = nl ? (size_t)(nl - cl->rbuf) : cl->rlen;
-    if (!nl && (pos > 0 || cl->rlen < RBUF_SIZE))
-      break;
-    size_t next = nl ? end + 1 : end;
-    if (end > pos && cl->rbuf[end - 1] == '\r')
-      end--;
-    cl->rbuf[end] = '\0';
-    client_line(cl, cl->rbuf + pos);
-    pos = next;
-  }
-  memmove(cl->rbuf, cl->rbuf + pos, cl->rlen - pos);
-  cl->rlen -= pos;
-}
+static void on_line(void *arg, weft_tcp *c, long n, size_t have);
 
+/* Reads the next line; rbuf already holds rlen bytes of it. */
 static void client_read(struct client *cl) {
-  if (weft_tcp_read(cl->c, cl->rbuf + cl->rlen, RBUF_SIZE - cl->rlen, on_read,
-                    cl) < 0)
+  if (weft_tcp_read_until(cl->c, cl->rbuf, RBUF_SIZE, cl->rlen, "\n", 1,
+                          on_line, cl) < 0)
     client_leave(cl);
 }
 
-static void on_read(void *arg, weft_tcp *c, long n) {
+/* One line in rbuf[0, n), or a full buffer without an end of line, which
+ * counts as a line; what follows it is kept for the next one. */
+static void on_line(void *arg, weft_tcp *c, long n, size_t have) {
   (void)c;
   struct client *cl = arg;
+  if (n == -EMSGSIZE)
+    n = (long)have;
   if (n <= 0) {
     client_leave(cl);
     return;
   }
-  cl->rlen += (size_t)n;
-  client_input(cl);
+  size_t end = (size_t)n;
+  if (cl->rbuf[end - 1] == '\n')
+    end--;
+  if (end && cl->rbuf[end - 1] == '\r')
+    end--;
+  cl->rbuf[end] = '\0'; /* within the line, or the + 1 of rbuf */
+  client_line(cl, cl->rbuf);
+  memmove(cl->rbuf, cl->rbuf + n, have - (size_t)n);
+  cl->rlen = have - (size_t)n;
   if (!cl->leaving)
     client_read(cl);
 }

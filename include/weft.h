@@ -581,6 +581,23 @@ WEFT_API int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
 WEFT_API int weft_tcp_read(weft_tcp *c, void *buf, size_t len, weft_read_fn fn,
                            void *arg);
 
+/* Reads into buf until it holds the delimiter delim (dlen bytes), or len
+ * bytes: for line and header protocols. buf already holds have bytes
+ * (those left after the previous message; 0 at first). fn(arg, conn, n,
+ * have) runs once: n > 0, buf[0, n) is a message ending with the
+ * delimiter's first appearance, and buf holds have bytes in all (the
+ * bytes after n are the start of what follows: move them to the front
+ * and pass have - n to the next call); -EMSGSIZE, buf is full without
+ * it; 0, end of file (have: the bytes received before it); n < 0, as
+ * weft_tcp_read. A delimiter already among the have bytes is answered
+ * without reading, after this call returns. delim must stay valid until
+ * fn runs. Errors: as weft_tcp_read, and -EINVAL (delim NULL, dlen 0 or
+ * above len, have above len, len above 1 GiB). */
+typedef void (*weft_until_fn)(void *arg, weft_tcp *conn, long n, size_t have);
+WEFT_API int weft_tcp_read_until(weft_tcp *c, void *buf, size_t len,
+                                 size_t have, const void *delim, size_t dlen,
+                                 weft_until_fn fn, void *arg);
+
 /* Queues len bytes to send; fn (may be NULL) runs once when they are sent
  * or failed. The bytes are not copied: buf must stay valid and unchanged
  * until fn runs (with fn NULL: until the close callback). With io_uring

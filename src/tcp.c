@@ -22,6 +22,7 @@
 #include "shard.h"
 #include "tcp_recv.h"
 #include "tcp_timeout.h"
+#include "tcp_until.h"
 #include "thread.h"
 
 #include <errno.h>
@@ -470,6 +471,7 @@ static void close_begin(struct weft__conn *c) {
   if (c->cn && !c->rd_inflight)
     connect_done(c, -ECANCELED);
   weft__recv_cancel(c);
+  weft__until_cancel(c, weft__tcp_close_status(c));
 }
 
 /* ---- the strand handler ----------------------------------------------------
@@ -508,6 +510,7 @@ static void close_run(void *arg) {
  * it runs here. */
 static void post_close(struct weft__conn *c) {
   weft__tmo_free(c);
+  weft__until_free(c);
   c->close_posted = true;
   weft_rt *rt = c->s.rt;
   struct weft__shard *sh = weft__local_begin(rt);
@@ -596,7 +599,7 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
 
 /* The checks every operation on an open connection makes; what names the
  * call in a misuse message. */
-static int usable(const struct weft__conn *c, const char *what) {
+int weft__tcp_usable(const struct weft__conn *c, const char *what) {
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
   if (!weft__sock_on_strand(&c->s))
@@ -617,12 +620,12 @@ static int usable(const struct weft__conn *c, const char *what) {
 int weft_tcp_read(weft_tcp *tcp, void *buf, size_t len, weft_read_fn fn,
                   void *arg) {
   struct weft__conn *c = weft__conn_of(tcp);
-  int r = usable(c, "weft_tcp_read");
+  int r = weft__tcp_usable(c, "weft_tcp_read");
   if (r)
     return r;
   if (!buf || !fn || !len)
     return -EINVAL;
-  if (c->reading)
+  if (c->reading || weft__until_pending(c))
     return -EBUSY;
   c->reading = true;
   c->rbuf = buf;
@@ -657,7 +660,7 @@ static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
 int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
                     weft_write_fn fn, void *arg) {
   struct weft__conn *c = weft__conn_of(tcp);
-  int r = usable(c, "weft_tcp_write");
+  int r = weft__tcp_usable(c, "weft_tcp_write");
   if (r)
     return r;
   if (!iov || iovcnt < 1 || iovcnt > 1024)
@@ -725,7 +728,7 @@ int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
 
 int weft_tcp_shutdown(weft_tcp *tcp) {
   struct weft__conn *c = weft__conn_of(tcp);
-  int r = usable(c, "weft_tcp_shutdown");
+  int r = weft__tcp_usable(c, "weft_tcp_shutdown");
   if (r)
     return r;
   if (c->shut_req)

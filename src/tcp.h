@@ -107,6 +107,7 @@ struct weft__conn {
   weft_close_fn clfn; /* weft_tcp_set_data */
   void *data;
   struct weft__tmo *tmo;     /* weft_tcp_set_timeouts, or NULL */
+  struct weft__until *until; /* weft_tcp_read_until, or NULL */
   struct weft__connect *cn;  /* connecting: the request */
   struct weft_listener *lst; /* accepted: until its accept callback */
 };
@@ -128,6 +129,9 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen);
 /* On the strand: weft closes c by itself (a shutdown, a failed connect, a
  * timeout), unless a weft_tcp_close came first. */
 void weft__tcp_close_self(struct weft__conn *c);
+/* The checks of a call on an open connection (what names it in a misuse
+ * message): 0, or the call's error. */
+int weft__tcp_usable(const struct weft__conn *c, const char *what);
 /* A call made off c's strand: logs which (WEFT_LOG_DEBUG), -EPERM. */
 int weft__tcp_off_strand(const struct weft__conn *c, const char *what);
 int weft__tcp_socket(weft_rt *rt, int family);
