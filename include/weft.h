@@ -13,6 +13,12 @@
  *    sets or reads errno for its own results; weft_strerror() names an error.
  *  - Thread-safety is stated beside each declaration. "Any thread" means any
  *    thread of the process, inside a handler of this runtime or not.
+ *  - fork: in a child process, a runtime created before the fork has none
+ *    of its threads, and its locks may be held by threads that are not
+ *    there. Every call on it or its objects returns -ECHILD at once (calls
+ *    that return nothing do nothing), weft_rt_destroy included, which
+ *    frees nothing there. The child may create and use runtimes of its
+ *    own. (exec, or _exit, is what a child usually does next anyway.)
  */
 #ifndef WEFT_H
 #define WEFT_H

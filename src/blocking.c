@@ -223,6 +223,8 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
                   weft_strand *done_strand, weft_done_fn done, weft_job *job) {
   if (!rt || !work || !done)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   if (done_strand && done_strand->rt != rt)
     return -EXDEV;
   struct weft__blocking *b = rt->blocking;
@@ -277,6 +279,8 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
 int weft_blocking_cancel(weft_rt *rt, weft_job id) {
   if (!rt)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   struct weft__blocking *b = rt->blocking;
   weft_job slot = id & ((1u << SLOT_BITS) - 1);
   pthread_mutex_lock(&b->lock);

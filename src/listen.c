@@ -586,6 +586,8 @@ int weft_listener_stats_get(weft_listener *l, weft_listener_stats *out) {
 int weft_listener_close(weft_listener *l, weft_fn done, void *arg) {
   if (!l)
     return -EINVAL;
+  if (weft__forked(l->rt))
+    return -ECHILD;
   /* One closer only: a second, even a concurrent one, must not touch
    * done, which the first may already have published. */
   uint32_t zero = 0;

@@ -369,11 +369,19 @@ static void shards_init(weft_rt *rt) {
   }
 }
 
+_Atomic uint32_t weft__fork_gen;
+
+static void forked_child(void) { weft__fetch_add(&weft__fork_gen, 1, WA_RLX); }
+
+static void atfork_register(void) { pthread_atfork(NULL, NULL, forked_child); }
+
 int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
                          size_t cfg_size) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
   weft_config c;
   if (!out)
     return -EINVAL;
+  pthread_once(&once, atfork_register);
   *out = NULL;
   int r = config_copy(cfg, cfg_size, &c);
   if (!r)
@@ -383,6 +391,7 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
   weft_rt *rt = zalloc_aligned(sizeof(*rt));
   if (!rt)
     return -ENOMEM;
+  rt->fork_gen = weft__load(&weft__fork_gen, WA_RLX);
   r = rt_init(rt, &c);
   if (r) {
     rt_free(rt);
@@ -440,6 +449,8 @@ static bool on_own_thread(weft_rt *rt) {
 int weft_rt_shutdown(weft_rt *rt, int how) {
   if (!rt || (how & ~(WEFT_SHUTDOWN_CANCEL | WEFT_SHUTDOWN_NOWAIT)))
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   bool nowait = how & WEFT_SHUTDOWN_NOWAIT;
   if (!nowait && on_own_thread(rt))
     return -EDEADLK;
@@ -467,6 +478,8 @@ int weft_rt_shutdown(weft_rt *rt, int how) {
 int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
   if (!rt)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   if (on_own_thread(rt))
     return -EDEADLK;
   pthread_mutex_lock(&rt->life.lock);
@@ -490,6 +503,8 @@ int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
 int weft_rt_destroy(weft_rt *rt) {
   if (!rt)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD; /* its threads are not here to join, nor to unlock */
   if (on_own_thread(rt))
     return -EDEADLK;
   weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
@@ -535,6 +550,8 @@ static void copy_out(void *dst, size_t size, const void *src, size_t ours) {
 int weft_rt_stats_sized(weft_rt *rt, weft_stats *out, size_t size) {
   if (!rt || !out)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   weft_stats s;
   memset(&s, 0, sizeof(s));
   s.shards = rt->nshards;
@@ -568,6 +585,8 @@ int weft_rt_shard_stats_sized(weft_rt *rt, unsigned shard,
                               weft_shard_stats *out, size_t size) {
   if (!rt || !out)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   if (shard >= rt->nshards)
     return -ERANGE;
   weft_shard_stats s;

@@ -31,6 +31,7 @@ struct weft__life {
 
 struct weft_rt {
   /* Set at create, read by every thread. */
+  uint32_t fork_gen; /* weft__fork_gen at create (weft__forked) */
   unsigned nshards;
   unsigned batch;
   struct weft__shard *shards;   /* in arena */
@@ -113,6 +114,17 @@ struct weft_rt {
  * socket, a handler bypassed by a handoff add themselves; each drops
  * itself once it pushed all it will push. */
 int weft__busy_enter(weft_rt *rt);
+
+/* fork: the count of forks this process descends from, bumped in the
+ * child (pthread_atfork, registered by the first weft_rt_create). A
+ * runtime made before a fork has no threads in the child, and its locks
+ * may be held by threads that are not there: every call on it fails with
+ * -ECHILD there. Only the child writes, while it is single-threaded, so
+ * a relaxed load sees it. */
+extern _Atomic uint32_t weft__fork_gen;
+static inline bool weft__forked(const weft_rt *rt) {
+  return weft__load(&weft__fork_gen, WA_RLX) != rt->fork_gen;
+}
 void weft__busy_add(weft_rt *rt, int64_t n);
 void weft__busy_drop(weft_rt *rt, int64_t n);
 

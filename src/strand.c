@@ -83,6 +83,8 @@ static inline void node_release(weft_rt *rt, struct weft__pool_cache *nc,
 int weft_strand_create(weft_rt *rt, weft_strand **out) {
   if (!rt || !out)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   if (weft__load(&rt->life.closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
@@ -129,7 +131,7 @@ static void strand_reclaim(weft_strand *s) {
 }
 
 void weft_strand_release(weft_strand *s) {
-  if (!s)
+  if (!s || weft__forked(s->rt))
     return;
   /* A load and a store, not an exchange: two racing releases are a bug
    * this cannot catch anyway; a sequential double release it does catch. */
@@ -236,6 +238,8 @@ static int post(weft_rt *rt, weft_strand *s, weft_fn fn, weft_fn cancel,
 int weft_post_ex(weft_strand *s, weft_fn fn, weft_fn cancel, void *arg) {
   if (!s || !fn)
     return -EINVAL;
+  if (weft__forked(s->rt))
+    return -ECHILD;
   if (!weft__strand_live(s))
     return -EBADF;
   return post(s->rt, s, fn, cancel, arg);
@@ -248,6 +252,8 @@ int weft_post(weft_strand *s, weft_fn fn, void *arg) {
 int weft_post_rt_ex(weft_rt *rt, weft_fn fn, weft_fn cancel, void *arg) {
   if (!rt || !fn)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   return post(rt, NULL, fn, cancel, arg);
 }
 

@@ -602,6 +602,8 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
 int weft__tcp_usable(const struct weft__conn *c, const char *what) {
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
+  if (weft__forked(c->s.rt))
+    return -ECHILD;
   if (!weft__sock_on_strand(&c->s))
     return weft__tcp_off_strand(c, what);
   if (weft__load(&c->close_req, WA_RLX))
@@ -717,6 +719,8 @@ int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
   struct weft__conn *c = weft__conn_of(tcp);
   if (!c || c->s.kind != SK_CONN || low > high || !high)
     return -EINVAL;
+  if (weft__forked(c->s.rt))
+    return -ECHILD;
   if (!weft__sock_on_strand(&c->s))
     return weft__tcp_off_strand(c, "weft_tcp_set_watermarks");
   c->low = low;
@@ -742,6 +746,8 @@ int weft_tcp_close(weft_tcp *tcp, int abortive) {
   struct weft__conn *c = weft__conn_of(tcp);
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
+  if (weft__forked(c->s.rt))
+    return -ECHILD;
   weft_rt *rt = c->s.rt;
   bool foreign = weft_rt_current() != rt;
   if (foreign) {
@@ -766,6 +772,8 @@ int weft_tcp_set_data(weft_tcp *tcp, void *data, weft_close_fn on_close) {
   struct weft__conn *c = weft__conn_of(tcp);
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
+  if (weft__forked(c->s.rt))
+    return -ECHILD;
   if (!weft__sock_on_strand(&c->s))
     return weft__tcp_off_strand(c, "weft_tcp_set_data");
   c->data = data;
@@ -807,6 +815,8 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr,
                     unsigned addrlen) {
   if (!rt)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   int r = check_addr(addr, addrlen);
   if (r)
     return r;

@@ -6,6 +6,8 @@
  */
 #include "tcp.h"
 
+#include "rt.h"
+
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -15,6 +17,8 @@ static int sockopt(weft_tcp *c, int level, int name, int val) {
   struct weft__sock *s = c ? &weft__conn_of(c)->s : NULL;
   if (!s || s->kind != SK_CONN)
     return -EINVAL;
+  if (weft__forked(s->rt))
+    return -ECHILD;
   if (!weft__sock_on_strand(s))
     return weft__tcp_off_strand(weft__conn_of(c), "weft_tcp option");
   if (s->fd < 0)
@@ -46,6 +50,8 @@ static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
   struct weft__sock *s = c ? &weft__conn_of(c)->s : NULL;
   if (!s || !addr || !addrlen || s->kind != SK_CONN)
     return -EINVAL;
+  if (weft__forked(s->rt))
+    return -ECHILD;
   if (!weft__sock_on_strand(s))
     return weft__tcp_off_strand(weft__conn_of(c), peer ? "weft_tcp_peer_addr"
                                                        : "weft_tcp_local_addr");

@@ -6,6 +6,7 @@
 #include "tcp_timeout.h"
 
 #include "clock.h"
+#include "rt.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -92,6 +93,8 @@ int weft_tcp_set_timeouts(weft_tcp *tcp, uint64_t idle_ns, uint64_t read_ns,
   struct weft__conn *c = weft__conn_of(tcp);
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
+  if (weft__forked(c->s.rt))
+    return -ECHILD;
   if (!weft__sock_on_strand(&c->s))
     return weft__tcp_off_strand(c, "weft_tcp_set_timeouts");
   if (c->s.state != ST_OPEN || weft__load(&c->close_req, WA_RLX))

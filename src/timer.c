@@ -333,6 +333,8 @@ static void maybe_kick(struct weft__shard *home, uint64_t before) {
 int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
   if (!rt || !out)
     return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
   if (s && s->rt != rt)
     return -EXDEV;
   if (s && (weft__load(&s->released, WA_RLX) || s->magic != WEFT_STRAND_MAGIC))
@@ -423,6 +425,8 @@ static int start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
   if (!t || !fn || (period_ns && deadline_ns > UINT64_MAX - period_ns))
     return -EINVAL;
   weft_rt *rt = rt_of(t);
+  if (weft__forked(rt))
+    return -ECHILD;
   struct weft__shard *home = home_of(t);
   struct weft__shard *local = weft__local_begin(rt);
   /* From outside the runtime, a firing queued at once must count as a
@@ -460,6 +464,8 @@ int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
 int weft_timer_cancel(weft_timer *t) {
   if (!t)
     return -EINVAL;
+  if (weft__forked(rt_of(t)))
+    return -ECHILD;
   struct weft__shard *home = home_of(t);
   int r = -EALREADY;
   weft__lock(&home->tm.lock);
@@ -475,7 +481,7 @@ int weft_timer_cancel(weft_timer *t) {
 }
 
 void weft_timer_destroy(weft_timer *t) {
-  if (!t)
+  if (!t || weft__forked(rt_of(t)))
     return;
   struct weft__shard *home = home_of(t);
   weft__lock(&home->tm.lock);
