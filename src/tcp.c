@@ -597,15 +597,20 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
 /* ---- the API ---------------------------------------------------------------
  */
 
-/* The checks every operation on an open connection makes; what names the
- * call in a misuse message. */
-int weft__tcp_usable(const struct weft__conn *c, const char *what) {
+int weft__tcp_on_strand(const struct weft__conn *c, const char *what) {
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
   if (weft__forked(c->s.rt))
     return -ECHILD;
   if (!weft__sock_on_strand(&c->s))
     return weft__tcp_off_strand(c, what);
+  return 0;
+}
+
+int weft__tcp_usable(const struct weft__conn *c, const char *what) {
+  int r = weft__tcp_on_strand(c, what);
+  if (r)
+    return r;
   if (weft__load(&c->close_req, WA_RLX))
     return -EBADF;
   switch (c->s.state) {
@@ -717,12 +722,11 @@ size_t weft_tcp_queued(const weft_tcp *tcp) {
 int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
                             weft_drain_fn fn, void *arg) {
   struct weft__conn *c = weft__conn_of(tcp);
-  if (!c || c->s.kind != SK_CONN || low > high || !high)
+  if (low > high || !high)
     return -EINVAL;
-  if (weft__forked(c->s.rt))
-    return -ECHILD;
-  if (!weft__sock_on_strand(&c->s))
-    return weft__tcp_off_strand(c, "weft_tcp_set_watermarks");
+  int r = weft__tcp_on_strand(c, "weft_tcp_set_watermarks");
+  if (r)
+    return r;
   c->low = low;
   c->high = high;
   c->dfn = fn;
@@ -770,12 +774,9 @@ int weft_tcp_close(weft_tcp *tcp, int abortive) {
 
 int weft_tcp_set_data(weft_tcp *tcp, void *data, weft_close_fn on_close) {
   struct weft__conn *c = weft__conn_of(tcp);
-  if (!c || c->s.kind != SK_CONN)
-    return -EINVAL;
-  if (weft__forked(c->s.rt))
-    return -ECHILD;
-  if (!weft__sock_on_strand(&c->s))
-    return weft__tcp_off_strand(c, "weft_tcp_set_data");
+  int r = weft__tcp_on_strand(c, "weft_tcp_set_data");
+  if (r)
+    return r;
   c->data = data;
   c->clfn = on_close;
   return 0;

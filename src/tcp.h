@@ -129,8 +129,10 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen);
 /* On the strand: weft closes c by itself (a shutdown, a failed connect, a
  * timeout), unless a weft_tcp_close came first. */
 void weft__tcp_close_self(struct weft__conn *c);
-/* The checks of a call on an open connection (what names it in a misuse
- * message): 0, or the call's error. */
+/* The checks of a call on a connection (what names it in a misuse
+ * message): 0, or the call's error. on_strand: a connection of this
+ * process's runtime, on its strand; usable: that, and open. */
+int weft__tcp_on_strand(const struct weft__conn *c, const char *what);
 int weft__tcp_usable(const struct weft__conn *c, const char *what);
 /* A call made off c's strand: logs which (WEFT_LOG_DEBUG), -EPERM. */
 int weft__tcp_off_strand(const struct weft__conn *c, const char *what);

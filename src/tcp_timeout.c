@@ -91,12 +91,9 @@ void weft__tmo_free(struct weft__conn *c) {
 int weft_tcp_set_timeouts(weft_tcp *tcp, uint64_t idle_ns, uint64_t read_ns,
                           uint64_t write_ns) {
   struct weft__conn *c = weft__conn_of(tcp);
-  if (!c || c->s.kind != SK_CONN)
-    return -EINVAL;
-  if (weft__forked(c->s.rt))
-    return -ECHILD;
-  if (!weft__sock_on_strand(&c->s))
-    return weft__tcp_off_strand(c, "weft_tcp_set_timeouts");
+  int r = weft__tcp_on_strand(c, "weft_tcp_set_timeouts");
+  if (r)
+    return r;
   if (c->s.state != ST_OPEN || weft__load(&c->close_req, WA_RLX))
     return c->s.state < ST_OPEN ? -ENOTCONN : -EBADF;
   uint64_t now = weft__now_ns();
@@ -106,7 +103,7 @@ int weft_tcp_set_timeouts(weft_tcp *tcp, uint64_t idle_ns, uint64_t read_ns,
       return 0;
     if (!(t = calloc(1, sizeof(*t))))
       return -ENOMEM;
-    int r = weft_timer_create(c->s.rt, c->s.strand, &t->timer);
+    r = weft_timer_create(c->s.rt, c->s.strand, &t->timer);
     if (r) {
       free(t);
       return r;

@@ -121,17 +121,9 @@ static int child(weft_timer *t, weft_tcp *c, weft_listener *l) {
   return atomic_load(&ran) == 1 ? 0 : 23;
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 static void test_fork(void **state) {
   (void)state;
-#ifdef UNDER_TSAN
+#ifdef TU_UNDER_TSAN
   skip();
 #endif
   tu_reset_async_errors();

@@ -85,17 +85,9 @@ static unsigned cpus(void) {
   return 1;
 }
 
-#if defined(__SANITIZE_THREAD__)
-#define UNDER_TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define UNDER_TSAN 1
-#endif
-#endif
-
 static void test_preempted_not_reported(void **state) {
   (void)state;
-#ifdef UNDER_TSAN
+#ifdef TU_UNDER_TSAN
   /* ThreadSanitizer's runtime takes locks of its own inside every handler;
    * with more threads than CPUs a preempted holder leaves the others
    * blocked on them (state S, not R): short handlers really do block

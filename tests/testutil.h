@@ -41,6 +41,15 @@
 #define WEFT_TEST_SCALE 1
 #endif
 
+/* TU_UNDER_TSAN: defined in a ThreadSanitizer build. */
+#if defined(__SANITIZE_THREAD__)
+#define TU_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define TU_UNDER_TSAN 1
+#endif
+#endif
+
 /* Seconds a single bounded wait may take before the test fails. Generous:
  * the machine is shared and sanitizers are slow; this only catches hangs. */
 #ifndef TU_WAIT_S
