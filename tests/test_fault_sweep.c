@@ -320,12 +320,27 @@ static void test_ring(void **state) {
   sweep(K_RING);
 }
 
+/* A configuration refused after create has allocated (the blocking
+ * queue is checked last): -EINVAL, and nothing leaks (LeakSanitizer, at
+ * exit in the ASan build). */
+static void test_refused_config(void **state) {
+  (void)state;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.blocking_queue = 1u << 20;
+  weft_rt *rt = NULL;
+  assert_int_equal(weft_rt_create(&rt, &cfg), -EINVAL);
+  assert_null(rt);
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_alloc),
       cmocka_unit_test(test_thread),
       cmocka_unit_test(test_ring),
+      cmocka_unit_test(test_refused_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
