@@ -95,7 +95,6 @@ static pthread_mutex_t g_rooms_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct room *g_rooms;
 static bool g_stopping; /* under g_rooms_mu */
 
-
 /* ------------------------------------------------------------- objects */
 
 static void client_unref(struct client *cl) {
@@ -160,9 +159,8 @@ static struct room *room_get(const char *name) {
 
 /* ----------------------------------------------------- the client strand */
 
-/* The close callback. At a shutdown it can come before handlers queued
- * on the strand earlier (deliveries, the leave acknowledgement): they see
- * c NULL. */
+/* The close callback. Handlers the room posts to the strand after it
+ * (deliveries, the leave acknowledgement, at a shutdown) see c NULL. */
 static void on_closed(void *data, weft_tcp *c) {
   (void)c;
   struct client *cl = data;
