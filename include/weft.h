@@ -423,6 +423,39 @@ WEFT_API int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
  * -EALREADY if it has started, finished or is unknown. Any thread. */
 WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
 
+/* ---- signals ----------------------------------------------------------------
+ * A watcher runs fn(arg, signo, count) on a strand each time signo
+ * arrives: count is how many arrivals it stands for (arrivals while a call
+ * is queued add up, and the kernel may merge some before weft sees them).
+ * Calls of one watcher never overlap. Any number of watchers, of any
+ * number of runtimes in the process, may watch the same signal: each gets
+ * every arrival. weft installs its own handler (sigaction) while a signal
+ * is watched, and puts back the action it replaced when the last watcher
+ * of that signal goes. The handler only counts the arrival and wakes a
+ * thread of weft's; a signal that every thread blocks (main blocking
+ * SIGTERM before starting threads, as sigwait needs) stays pending, and
+ * that thread takes it from there (signalfd): either way it arrives.
+ * System calls that the handler interrupts on other threads restart
+ * (SA_RESTART) or return EINTR as the kernel decides; weft's own retry. */
+typedef struct weft_signal weft_signal;
+typedef void (*weft_signal_fn)(void *arg, int signo, uint64_t count);
+
+/* Watches signo: fn runs on strand s (NULL: a strand of the watcher's
+ * own). Errors: -EINVAL (rt or fn NULL; signo not one a process can
+ * catch and be told of later: SIGKILL, SIGSTOP, or a fault such as
+ * SIGSEGV), -EXDEV (s of another runtime), -EBADF (s released),
+ * -ESHUTDOWN, -ENOMEM, -EAGAIN (weft's signal thread could not start).
+ * Any thread. */
+WEFT_API int weft_signal_watch(weft_rt *rt, weft_strand *s, int signo,
+                               weft_signal_fn fn, void *arg, weft_signal **out);
+
+/* Stops watching: no call of w starts after this returns on w's strand
+ * (elsewhere, one already running may finish). w must not be used
+ * afterwards. weft_rt_destroy stops every watcher of its runtime that is
+ * left: w must not be unwatched after that. Errors: -EINVAL. Any
+ * thread. */
+WEFT_API int weft_signal_unwatch(weft_signal *w);
+
 /* ---- TCP -------------------------------------------------------------------
  * Connections and listeners. Every callback of a connection runs on its
  * strand: the one given to weft_tcp_connect, or one weft creates for it

@@ -32,6 +32,7 @@
 #include "monitor.h"
 #include "park.h"
 #include "shard.h"
+#include "signal.h"
 #include "sock.h"
 #include "strand.h"
 #include "tcp.h"
@@ -509,6 +510,7 @@ int weft_rt_destroy(weft_rt *rt) {
     return -EDEADLK;
   weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
   wait_done(rt);
+  weft__signals_forget(rt);
   /* Nothing runs after done: the monitor's thread exits while the others
    * do. Threads that finish a job or a bypassed handler poke the idle state
    * and nudge the monitor after the count that let the shutdown finish:

@@ -1,0 +1,186 @@
+/*
+ * test_signal: weft_signal_watch runs a watcher's callback on its strand
+ * for each arrival, for every watcher of every runtime, even when every
+ * other thread blocks the signal; unwatching puts the old action back.
+ *
+ *  - SIGUSR1 and SIGUSR2 blocked in every thread of the test (and so in
+ *    every runtime thread, which inherit the mask): watched on a strand,
+ *    5 kill()s, each waited for, give calls whose counts add up to 5, all
+ *    on that strand.
+ *  - Two runtimes watch SIGUSR2, one with a strand of its own (NULL): one
+ *    kill() reaches both.
+ *  - After the last unwatch, the action before the first watch (SIG_IGN,
+ *    set by the test) is back; a watcher stopped on its strand gets no
+ *    call afterwards.
+ *  - weft_rt_destroy with a watcher left: dropped, the old action back.
+ *  - Bad input: SIGKILL, SIGSEGV, 0, NSIG, NULL fn: -EINVAL; a strand of
+ *    another runtime: -EXDEV.
+ */
+#include "testutil.h"
+
+#include <signal.h>
+
+typedef struct watch_rec {
+  weft_strand *s;
+  tu_count calls, total, wrong_strand;
+} watch_rec;
+
+static void on_sig(void *arg, int signo, uint64_t count) {
+  watch_rec *r = arg;
+  (void)signo;
+  if (r->s && weft_strand_current() != r->s)
+    atomic_fetch_add(&r->wrong_strand, 1);
+  atomic_fetch_add(&r->calls, 1);
+  atomic_fetch_add(&r->total, count);
+}
+
+static bool handler_is(int signo, void (*h)(int)) {
+  struct sigaction sa;
+  return sigaction(signo, NULL, &sa) == 0 && sa.sa_handler == h;
+}
+
+static void test_blocked_everywhere(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("signal: blocked in every thread but weft's");
+  signal(SIGUSR1, SIG_IGN);
+  weft_rt *rt;
+  tu_rt_create(&rt, 2, 0);
+  watch_rec r;
+  memset(&r, 0, sizeof(r));
+  tu_strand_create(rt, &r.s);
+  weft_signal *w;
+  tu_assert_rc(weft_signal_watch(rt, r.s, SIGUSR1, on_sig, &r, &w), 0);
+  for (uint64_t i = 1; i <= 5; i++) {
+    assert_int_equal(kill(getpid(), SIGUSR1), 0);
+    tu_wait_count(&r.total, i, "the signal's call");
+  }
+  assert_true(atomic_load(&r.calls) >= 1);
+  assert_int_equal(atomic_load(&r.wrong_strand), 0);
+  tu_assert_rc(weft_signal_unwatch(w), 0);
+  assert_true(handler_is(SIGUSR1, SIG_IGN)); /* the old action is back */
+  weft_strand_release(r.s);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+static void test_two_runtimes(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("signal: two runtimes");
+  signal(SIGUSR2, SIG_IGN);
+  weft_rt *a, *b;
+  tu_rt_create(&a, 1, 0);
+  tu_rt_create(&b, 1, 0);
+  watch_rec ra, rb;
+  memset(&ra, 0, sizeof(ra));
+  memset(&rb, 0, sizeof(rb));
+  tu_strand_create(a, &ra.s);
+  weft_signal *wa, *wb;
+  tu_assert_rc(weft_signal_watch(a, ra.s, SIGUSR2, on_sig, &ra, &wa), 0);
+  tu_assert_rc(weft_signal_watch(b, NULL, SIGUSR2, on_sig, &rb, &wb), 0);
+  assert_int_equal(kill(getpid(), SIGUSR2), 0);
+  tu_wait_count(&ra.total, 1, "runtime a's watcher");
+  tu_wait_count(&rb.total, 1, "runtime b's watcher");
+  tu_assert_rc(weft_signal_unwatch(wa), 0);
+  assert_false(handler_is(SIGUSR2, SIG_IGN)); /* b still watches */
+  /* b's watcher is left to weft_rt_destroy. */
+  assert_int_equal(weft_rt_destroy(b), 0);
+  assert_true(handler_is(SIGUSR2, SIG_IGN));
+  weft_strand_release(ra.s);
+  assert_int_equal(weft_rt_destroy(a), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+/* Unwatched on its strand: no call after, even with an arrival queued. */
+typedef struct stop_rec {
+  weft_signal *w;
+  tu_count calls;
+  tu_count stopped;
+} stop_rec;
+
+static void stop_sig(void *arg, int signo, uint64_t count) {
+  stop_rec *r = arg;
+  (void)signo;
+  (void)count;
+  if (atomic_load(&r->stopped))
+    TU_CHECK(false); /* a call after the unwatch returned */
+  atomic_fetch_add(&r->calls, 1);
+}
+
+static void noop(void *arg) { (void)arg; }
+
+static void stop_on_strand(void *arg) {
+  stop_rec *r = arg;
+  /* A second arrival while this handler holds the strand queues a
+   * delivery behind it; the unwatch must drop it. */
+  kill(getpid(), SIGUSR1);
+  tu_sleep_ms(20);
+  TU_CHECK_RC(weft_signal_unwatch(r->w), 0);
+  atomic_store(&r->stopped, 1);
+}
+
+static void test_unwatch_on_strand(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("signal: unwatch on the strand");
+  signal(SIGUSR1, SIG_IGN);
+  weft_rt *rt;
+  tu_rt_create(&rt, 2, 0);
+  weft_strand *s;
+  tu_strand_create(rt, &s);
+  stop_rec r;
+  memset(&r, 0, sizeof(r));
+  tu_assert_rc(weft_signal_watch(rt, s, SIGUSR1, stop_sig, &r, &r.w), 0);
+  tu_assert_rc(weft_post(s, stop_on_strand, &r), 0);
+  tu_on_strand(s, noop, NULL); /* behind the delivery queued meanwhile */
+  weft_strand_release(s);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  assert_int_equal(atomic_load(&r.calls), 0);
+  assert_true(handler_is(SIGUSR1, SIG_IGN));
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+static void test_bad_input(void **state) {
+  (void)state;
+  weft_rt *rt, *other;
+  tu_rt_create(&rt, 1, 0);
+  tu_rt_create(&other, 1, 0);
+  weft_strand *s;
+  tu_strand_create(other, &s);
+  weft_signal *w;
+  watch_rec r;
+  memset(&r, 0, sizeof(r));
+  assert_int_equal(weft_signal_watch(rt, NULL, SIGKILL, on_sig, &r, &w),
+                   -EINVAL);
+  assert_int_equal(weft_signal_watch(rt, NULL, SIGSEGV, on_sig, &r, &w),
+                   -EINVAL);
+  assert_int_equal(weft_signal_watch(rt, NULL, 0, on_sig, &r, &w), -EINVAL);
+  assert_int_equal(weft_signal_watch(rt, NULL, NSIG, on_sig, &r, &w), -EINVAL);
+  assert_int_equal(weft_signal_watch(rt, NULL, SIGUSR1, NULL, &r, &w), -EINVAL);
+  assert_int_equal(weft_signal_watch(NULL, NULL, SIGUSR1, on_sig, &r, &w),
+                   -EINVAL);
+  assert_int_equal(weft_signal_watch(rt, s, SIGUSR1, on_sig, &r, &w), -EXDEV);
+  assert_int_equal(weft_signal_unwatch(NULL), -EINVAL);
+  weft_strand_release(s);
+  assert_int_equal(weft_rt_destroy(other), 0);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+}
+
+int main(void) {
+  /* Blocked in every thread of the test, the watchdog's included: only
+   * weft's own thread can take them. */
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  sigaddset(&set, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+  tu_watchdog_start();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_blocked_everywhere),
+      cmocka_unit_test(test_two_runtimes),
+      cmocka_unit_test(test_unwatch_on_strand),
+      cmocka_unit_test(test_bad_input),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
