@@ -157,10 +157,18 @@ static void wake_dispatcher(void) {
 
 /* In a forked child the dispatcher is gone and the lock may be held by a
  * thread that is not there: start afresh (the parent's watchers stay
- * listed; posts to their runtimes fail with -ECHILD). */
+ * listed; posts to their runtimes fail with -ECHILD). The pipe is the
+ * parent's too, whose dispatcher would take the child's wake-ups: the
+ * next watch makes a new one. */
 static void forked_child(void) {
   pthread_mutex_init(&g.lock, NULL);
   g.thread_up = false;
+  int wfd = weft__xchg(&g_wfd, -1, WA_RLX);
+  if (wfd >= 0) {
+    close(wfd);
+    close(g.rfd);
+  }
+  g.rfd = -1;
 }
 
 static void atfork_register(void) { pthread_atfork(NULL, NULL, forked_child); }

@@ -13,12 +13,15 @@
  *    set by the test) is back; a watcher stopped on its strand gets no
  *    call afterwards.
  *  - weft_rt_destroy with a watcher left: dropped, the old action back.
+ *  - A child forked while the parent watches: its own watcher gets its
+ *    own signals, the parent's none of them (not under TSan).
  *  - Bad input: SIGKILL, SIGSEGV, 0, NSIG, NULL fn: -EINVAL; a strand of
  *    another runtime: -EXDEV.
  */
 #include "testutil.h"
 
 #include <signal.h>
+#include <sys/wait.h>
 
 typedef struct watch_rec {
   weft_strand *s;
@@ -141,6 +144,57 @@ static void test_unwatch_on_strand(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* A child forked while the parent watches SIGUSR1 watches it too, on a
+ * runtime of its own, and gets its own signal (the parent's dispatcher
+ * must not take its wake-ups). */
+static int child_watch(void) {
+  alarm(20);
+  weft_rt *rt;
+  if (weft_rt_create(&rt, NULL) != 0)
+    return 1;
+  watch_rec r;
+  memset(&r, 0, sizeof(r));
+  weft_signal *w;
+  if (weft_signal_watch(rt, NULL, SIGUSR1, on_sig, &r, &w) != 0)
+    return 2;
+  for (int i = 1; i <= 3; i++) {
+    kill(getpid(), SIGUSR1);
+    while (atomic_load(&r.total) < (uint64_t)i)
+      tu_sleep_ms(1);
+  }
+  weft_signal_unwatch(w);
+  return weft_rt_destroy(rt) == 0 ? 0 : 3;
+}
+
+static void test_fork_child(void **state) {
+  (void)state;
+#ifdef TU_UNDER_TSAN
+  skip(); /* threads after a multi-threaded fork: not supported by TSan */
+#endif
+  tu_reset_async_errors();
+  tu_phase("signal: a forked child");
+  signal(SIGUSR1, SIG_IGN);
+  weft_rt *rt;
+  tu_rt_create(&rt, 1, 0);
+  watch_rec r;
+  memset(&r, 0, sizeof(r));
+  weft_signal *w;
+  tu_assert_rc(weft_signal_watch(rt, NULL, SIGUSR1, on_sig, &r, &w), 0);
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0)
+    _exit(child_watch());
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  assert_int_equal(atomic_load(&r.total), 0); /* the child's, not ours */
+  tu_assert_rc(weft_signal_unwatch(w), 0);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   weft_rt *rt, *other;
@@ -180,6 +234,7 @@ int main(void) {
       cmocka_unit_test(test_blocked_everywhere),
       cmocka_unit_test(test_two_runtimes),
       cmocka_unit_test(test_unwatch_on_strand),
+      cmocka_unit_test(test_fork_child),
       cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
