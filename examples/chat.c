@@ -403,7 +403,10 @@ static void on_accept(void *arg, weft_tcp *c) {
 /* ------------------------------------------------------------------ main */
 
 /* After this no room posts to a client's strand (see struct room). */
-static void rooms_stop(void) {
+/* The first step of stopping (ex_serve runs it on a signal): rooms stop
+ * posting to their members before the shutdown closes them. */
+static void rooms_stop(void *arg) {
+  (void)arg;
   pthread_mutex_lock(&g_rooms_mu);
   g_stopping = true;
   for (struct room *r = g_rooms; r; r = r->next) {
@@ -441,13 +444,9 @@ int main(int argc, char **argv) {
     if (i + 1 >= argc || ex_common_opt(&o, argv[i], argv[i + 1]) != 1)
       usage();
   }
-  sigset_t sigs;
-  ex_block_signals(&sigs);
   g_rt = ex_rt_create("chat", &o);
   weft_listener *l = ex_listen("chat", g_rt, &o, on_accept, NULL);
-  ex_wait_signal(&sigs);
-  rooms_stop();
-  int rc = ex_stop("chat", g_rt, l);
+  int rc = ex_serve("chat", g_rt, l, rooms_stop, NULL);
   free_all();
   unsigned long dropped = atomic_load(&g_dropped);
   if (dropped)

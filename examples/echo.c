@@ -74,10 +74,7 @@ int main(int argc, char **argv) {
     if (i + 1 >= argc || ex_common_opt(&o, argv[i], argv[i + 1]) != 1)
       usage();
   }
-  sigset_t sigs;
-  ex_block_signals(&sigs);
   weft_rt *rt = ex_rt_create("echo", &o);
   weft_listener *l = ex_listen("echo", rt, &o, on_accept, NULL);
-  ex_wait_signal(&sigs);
-  return ex_stop("echo", rt, l);
+  return ex_serve("echo", rt, l, NULL, NULL);
 }

@@ -231,10 +231,7 @@ int main(int argc, char **argv) {
   }
   for (size_t i = 0; i < MAX_REQS; i++)
     memcpy(many + i * KEEP_LEN, resp_keep, KEEP_LEN);
-  sigset_t sigs;
-  ex_block_signals(&sigs);
   weft_rt *rt = ex_rt_create("http_hello", &o);
   weft_listener *l = ex_listen("http_hello", rt, &o, on_accept, NULL);
-  ex_wait_signal(&sigs);
-  return ex_stop("http_hello", rt, l);
+  return ex_serve("http_hello", rt, l, NULL, NULL);
 }

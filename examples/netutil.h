@@ -1,9 +1,9 @@
 /*
  * netutil.h - what the network examples (echo, http_hello, tcp_proxy, chat)
  * share: the common options (--port, --threads, --host), address parsing,
- * the runtime and listener set-up that prints "listening on PORT", and the
- * signal handling: SIGINT and SIGTERM are blocked before the runtime starts
- * (its threads inherit the mask) and main waits for them with sigwait.
+ * the runtime and listener set-up that prints "listening on PORT", and
+ * stopping on SIGINT or SIGTERM (weft_signal_watch; main waits in
+ * weft_rt_wait).
  *
  * Header-only (static inline) so that each example stays one file to build.
  */
@@ -130,21 +130,6 @@ static inline int ex_resolve_hostport(const char *hp,
   return ex_resolve(host, (unsigned)port, ss, len);
 }
 
-/* Blocks SIGINT and SIGTERM in the calling thread (and so in every thread
- * it starts afterwards) and returns the set for ex_wait_signal. */
-static inline void ex_block_signals(sigset_t *set) {
-  sigemptyset(set);
-  sigaddset(set, SIGINT);
-  sigaddset(set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, set, NULL);
-}
-
-static inline void ex_wait_signal(const sigset_t *set) {
-  int sig;
-  while (sigwait(set, &sig) != 0) {
-  }
-}
-
 /* Creates the runtime with o->threads workers; exits with a message on
  * failure. */
 static inline weft_rt *ex_rt_create(const char *prog, const struct ex_opts *o) {
@@ -193,21 +178,62 @@ static inline weft_listener *ex_listen(const char *prog, weft_rt *rt,
   return l;
 }
 
-/* Stops accepting, then shuts the runtime down: weft closes every
- * connection still open, and their pending callbacks run (-ECANCELED),
- * then their close callbacks, before weft_rt_shutdown returns. Returns 0,
- * or 1 after a message. */
-static inline int ex_stop(const char *prog, weft_rt *rt, weft_listener *l) {
-  int r = weft_listener_close(l, NULL, NULL);
+/* What the first SIGINT or SIGTERM stops: weft runs ex_on_stop for it on
+ * a strand (both signals' watchers share it, so it runs once). */
+struct ex_stopper {
+  weft_rt *rt;
+  weft_listener *l;
+  weft_fn before; /* the example's own first step, or NULL */
+  void *arg;
+  bool stopping; /* on the strand only */
+};
+
+static inline void ex_on_stop(void *arg, int signo, uint64_t count) {
+  struct ex_stopper *st = arg;
+  (void)signo;
+  (void)count;
+  if (st->stopping)
+    return;
+  st->stopping = true;
+  if (st->before)
+    st->before(st->arg);
+  weft_listener_close(st->l, NULL, NULL);
+  /* NOWAIT: a handler cannot wait for its own runtime; main waits. */
+  weft_rt_shutdown(st->rt, WEFT_SHUTDOWN_DRAIN | WEFT_SHUTDOWN_NOWAIT);
+}
+
+/* Serves until SIGINT or SIGTERM: then before(arg) runs (if not NULL),
+ * the listener closes, and the runtime shuts down (DRAIN: weft closes
+ * every connection still open, their pending callbacks run with
+ * -ECANCELED, then their close callbacks); this waits for that, destroys
+ * the runtime and returns 0, or 1 after a message. */
+static inline int ex_serve(const char *prog, weft_rt *rt, weft_listener *l,
+                           weft_fn before, void *arg) {
+  static struct ex_stopper st;
+  st.rt = rt;
+  st.l = l;
+  st.before = before;
+  st.arg = arg;
+  weft_strand *s;
+  weft_signal *w;
+  int r = weft_strand_create(rt, &s);
+  if (!r)
+    r = weft_signal_watch(rt, s, SIGINT, ex_on_stop, &st, &w);
+  if (!r)
+    r = weft_signal_watch(rt, s, SIGTERM, ex_on_stop, &st, &w);
+  if (r < 0) {
+    fprintf(stderr, "%s: weft_signal_watch: %s\n", prog, weft_strerror(r));
+    weft_rt_destroy(rt);
+    return 1;
+  }
+  r = weft_rt_wait(rt, UINT64_MAX);
   if (r < 0)
-    fprintf(stderr, "%s: weft_listener_close: %s\n", prog, weft_strerror(r));
-  int s = weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN);
-  if (s < 0)
-    fprintf(stderr, "%s: weft_rt_shutdown: %s\n", prog, weft_strerror(s));
-  int d = weft_rt_destroy(rt);
+    fprintf(stderr, "%s: weft_rt_wait: %s\n", prog, weft_strerror(r));
+  weft_strand_release(s);
+  int d = weft_rt_destroy(rt); /* drops the watchers */
   if (d < 0)
     fprintf(stderr, "%s: weft_rt_destroy: %s\n", prog, weft_strerror(d));
-  return r < 0 || s < 0 || d < 0;
+  return r < 0 || d < 0;
 }
 
 #endif /* WEFT_EXAMPLES_NETUTIL_H */

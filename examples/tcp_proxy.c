@@ -172,10 +172,7 @@ int main(int argc, char **argv) {
   struct ex_opts o;
   ex_opts_init(&o);
   parse(argc, argv, &o);
-  sigset_t sigs;
-  ex_block_signals(&sigs);
   g_rt = ex_rt_create("tcp_proxy", &o);
   weft_listener *l = ex_listen("tcp_proxy", g_rt, &o, on_accept, NULL);
-  ex_wait_signal(&sigs);
-  return ex_stop("tcp_proxy", g_rt, l);
+  return ex_serve("tcp_proxy", g_rt, l, NULL, NULL);
 }

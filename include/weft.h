@@ -254,9 +254,11 @@ static inline int weft_rt_create(weft_rt **rt, const weft_config *cfg) {
  * for itself). Any thread. */
 WEFT_API int weft_rt_shutdown(weft_rt *rt, int how);
 
-/* Waits at most timeout_ns for a started shutdown to finish. 0 when it has
- * finished, -ETIMEDOUT if not yet, -EINVAL (rt NULL or no shutdown started),
- * -EDEADLK (called from a handler of this runtime). Any thread. */
+/* Waits at most timeout_ns for the runtime's shutdown to finish, one not
+ * yet started included: a main thread can wait here for a shutdown that
+ * a handler starts (on a signal, say: weft_signal_watch). 0 when it has
+ * finished, -ETIMEDOUT if not yet, -EINVAL (rt NULL), -EDEADLK (called
+ * from a handler of this runtime). Any thread. */
 WEFT_API int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns);
 
 /* Joins every thread and frees the runtime and all its strands, released or

@@ -483,11 +483,6 @@ int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
     return -ECHILD;
   if (on_own_thread(rt))
     return -EDEADLK;
-  pthread_mutex_lock(&rt->life.lock);
-  bool started = rt->life.shutdown_called;
-  pthread_mutex_unlock(&rt->life.lock);
-  if (!started)
-    return -EINVAL;
   uint64_t deadline = weft__now_ns() + timeout_ns;
   if (deadline < timeout_ns)
     deadline = UINT64_MAX / 2;
