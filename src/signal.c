@@ -23,6 +23,20 @@
  * start; the dispatcher posts with it held, so a watcher unlinked under
  * it (unwatch, weft_rt_destroy) gets no post afterwards. A watcher's
  * memory: one reference for the list, one per queued delivery.
+ *
+ * Memory orders. g_pending is only a count: the handler's increment
+ * reaches the dispatcher through the pipe (the write and the read that
+ * poll woke for order it in the kernel), or is taken at a later wake, so
+ * relaxed suffices. A watcher's count: the dispatcher adds under g.lock,
+ * a delivery takes it all by exchange on the strand. Whoever moves it
+ * from 0 posts the one delivery; the exchange (acq_rel) and the add
+ * (acq_rel) are RMWs on one word, so an add after the exchange sees 0 and
+ * posts anew, and no arrival is counted twice or lost. stopped is set under
+ * g.lock before the list reference is dropped (release) and read by the
+ * delivery (acquire); on the watcher's strand the unwatch happens before any
+ * later delivery, so none calls fn after it. refs: the last decrement (acq_rel)
+ * frees, after every other user's accesses. test_signal's burst runs this under
+ * ThreadSanitizer.
  */
 #include "signal.h"
 

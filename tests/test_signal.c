@@ -15,6 +15,8 @@
  *  - weft_rt_destroy with a watcher left: dropped, the old action back.
  *  - A child forked while the parent watches: its own watcher gets its
  *    own signals, the parent's none of them (not under TSan).
+ *  - A burst to two runtimes: no overlapping call, none after unwatch, no
+ *    more arrivals counted than sent (the ThreadSanitizer stress test).
  *  - Bad input: SIGKILL, SIGSEGV, 0, NSIG, NULL fn: -EINVAL; a strand of
  *    another runtime: -EXDEV.
  */
@@ -195,6 +197,81 @@ static void test_fork_child(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* A burst: a thread sends SIGUSR2 as fast as it can while two watchers of
+ * two runtimes take them. No call of one watcher overlaps another, none
+ * comes after unwatch returns, and no watcher counts more arrivals than
+ * were sent (the kernel merges some). Under ThreadSanitizer this is the
+ * stress test of the counts' hand-off (signal.c, "Memory orders"). */
+typedef struct burst_rec {
+  atomic_int inside;
+  tu_count calls, total, overlaps;
+} burst_rec;
+
+static void burst_sig(void *arg, int signo, uint64_t count) {
+  burst_rec *r = arg;
+  (void)signo;
+  if (atomic_fetch_add(&r->inside, 1) != 0)
+    atomic_fetch_add(&r->overlaps, 1);
+  atomic_fetch_add(&r->calls, 1);
+  atomic_fetch_add(&r->total, count);
+  atomic_fetch_sub(&r->inside, 1);
+}
+
+static atomic_bool g_burst_stop;
+static tu_count g_sent;
+
+static void *burster(void *arg) {
+  (void)arg;
+  while (!atomic_load(&g_burst_stop)) {
+    kill(getpid(), SIGUSR2);
+    atomic_fetch_add(&g_sent, 1);
+  }
+  return NULL;
+}
+
+static void test_burst(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("signal: a burst to two runtimes");
+  signal(SIGUSR2, SIG_IGN);
+  atomic_store(&g_burst_stop, false);
+  atomic_store(&g_sent, 0);
+  weft_rt *a, *b;
+  tu_rt_create(&a, 2, 0);
+  tu_rt_create(&b, 2, 0);
+  burst_rec ra, rb;
+  memset(&ra, 0, sizeof(ra));
+  memset(&rb, 0, sizeof(rb));
+  weft_signal *wa, *wb;
+  tu_assert_rc(weft_signal_watch(a, NULL, SIGUSR2, burst_sig, &ra, &wa), 0);
+  tu_assert_rc(weft_signal_watch(b, NULL, SIGUSR2, burst_sig, &rb, &wb), 0);
+  pthread_t th;
+  tu_thread_start(&th, burster, NULL);
+  tu_wait_count(&ra.calls, TU_SCALED(200, 20), "runtime a's calls");
+  tu_wait_count(&rb.calls, TU_SCALED(200, 20), "runtime b's calls");
+  atomic_store(&g_burst_stop, true);
+  tu_thread_join(th, "the burster");
+  tu_assert_rc(weft_signal_unwatch(wa), 0);
+  tu_assert_rc(weft_signal_unwatch(wb), 0);
+  uint64_t ca = atomic_load(&ra.calls), cb = atomic_load(&rb.calls);
+  tu_sleep_ms(20); /* a call after the unwatch would show here */
+  assert_int_equal(atomic_load(&ra.calls), ca);
+  assert_int_equal(atomic_load(&rb.calls), cb);
+  uint64_t sent = atomic_load(&g_sent);
+  print_message("[ INFO     ] %" PRIu64 " sent; a: %" PRIu64
+                " calls for %" PRIu64 ", b: %" PRIu64 " calls for %" PRIu64
+                "\n",
+                sent, ca, (uint64_t)atomic_load(&ra.total), cb,
+                (uint64_t)atomic_load(&rb.total));
+  assert_true(atomic_load(&ra.total) <= sent);
+  assert_true(atomic_load(&rb.total) <= sent);
+  assert_int_equal(atomic_load(&ra.overlaps), 0);
+  assert_int_equal(atomic_load(&rb.overlaps), 0);
+  assert_int_equal(weft_rt_destroy(a), 0);
+  assert_int_equal(weft_rt_destroy(b), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 static void test_bad_input(void **state) {
   (void)state;
   weft_rt *rt, *other;
@@ -235,6 +312,7 @@ int main(void) {
       cmocka_unit_test(test_two_runtimes),
       cmocka_unit_test(test_unwatch_on_strand),
       cmocka_unit_test(test_fork_child),
+      cmocka_unit_test(test_burst),
       cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
