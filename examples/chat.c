@@ -1,7 +1,7 @@
 /*
  * chat - a line-based chat server on weft, with rooms.
  *
- *   chat [--port P] [--threads N] [--host ADDR]
+ *   chat [--port P] [--threads N] [--host ADDR] [--unix PATH]
  *
  * A client's first line is "JOIN <room> [<nick>]" (without a nick it is
  * called user<N>). Every member of the room, the newcomer included, then
@@ -433,7 +433,8 @@ static void free_all(void) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: chat [--port P] [--threads N] [--host ADDR]\n");
+  fprintf(stderr, "usage: chat [--port P] [--threads N] [--host ADDR] "
+                  "[--unix PATH]\n");
   exit(1);
 }
 

@@ -1,14 +1,17 @@
 /*
- * echo - a TCP echo server on weft: every byte a client sends comes back.
+ * echo - an echo server on weft: every byte a client sends comes back.
  *
- *   echo [--port P] [--threads N] [--host ADDR]
+ *   echo [--port P] [--threads N] [--host ADDR] [--unix PATH]
  *
+ * Over TCP, or over a Unix domain socket with --unix (a path, or "@name"
+ * in the abstract namespace): the same code serves both.
  * Each connection has one 64 KiB buffer and at most one operation in
  * flight: read, then write what was read, then (when the write is complete)
  * read again, so a client that sends without reading is slowed by TCP
  * instead of growing memory. EOF: half-close our side too, then close.
  * Per-connection state is freed in the close callback.
- * Prints "listening on PORT"; SIGINT or SIGTERM stops it (exit 0).
+ * Prints "listening on PORT" (or PATH); SIGINT or SIGTERM stops it (exit
+ * 0).
  */
 #include <weft.h>
 
@@ -63,7 +66,8 @@ static void on_accept(void *arg, weft_tcp *c) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: echo [--port P] [--threads N] [--host ADDR]\n");
+  fprintf(stderr, "usage: echo [--port P] [--threads N] [--host ADDR] "
+                  "[--unix PATH]\n");
   exit(1);
 }
 

@@ -2,7 +2,7 @@
  * http_hello - the smallest useful HTTP/1.1 server on weft, and the server
  * of the HTTP benchmarks (wrk against it, nginx, Asio and libuv).
  *
- *   http_hello [--port P] [--threads N] [--host ADDR]
+ *   http_hello [--port P] [--threads N] [--host ADDR] [--unix PATH]
  *
  * Every request (a header block ending in an empty line; bodies are not
  * supported) gets "Hello, World!" with keep-alive; a request with
@@ -218,7 +218,8 @@ static void on_accept(void *arg, weft_tcp *c) {
 }
 
 static void usage(void) {
-  fprintf(stderr, "usage: http_hello [--port P] [--threads N] [--host ADDR]\n");
+  fprintf(stderr, "usage: http_hello [--port P] [--threads N] [--host ADDR] "
+                  "[--unix PATH]\n");
   exit(1);
 }
 

@@ -1,7 +1,8 @@
 /*
  * netutil.h - what the network examples (echo, http_hello, tcp_proxy, chat)
- * share: the common options (--port, --threads, --host), address parsing,
- * the runtime and listener set-up that prints "listening on PORT", and
+ * share: the common options (--port, --threads, --host, --unix), address
+ * parsing, the runtime and listener set-up that prints "listening on PORT"
+ * (or "listening on PATH" for a Unix socket), and
  * stopping on SIGINT or SIGTERM (weft_signal_watch; main waits in
  * weft_rt_wait).
  *
@@ -23,15 +24,18 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 
 struct ex_opts {
   const char *host; /* listening address; default 127.0.0.1 */
+  const char *unix_path; /* listen on this Unix socket instead (or "@name") */
   unsigned port;    /* 0: a free port */
   unsigned threads; /* 0: weft's default */
 };
 
 static inline void ex_opts_init(struct ex_opts *o) {
   o->host = "127.0.0.1";
+  o->unix_path = NULL;
   o->port = 0;
   o->threads = 0;
 }
@@ -57,6 +61,10 @@ static inline int ex_common_opt(struct ex_opts *o, const char *name,
   unsigned long v;
   if (!strcmp(name, "--host")) {
     o->host = val;
+    return 1;
+  }
+  if (!strcmp(name, "--unix")) {
+    o->unix_path = val;
     return 1;
   }
   if (!strcmp(name, "--port")) {
@@ -145,11 +153,37 @@ static inline weft_rt *ex_rt_create(const char *prog, const struct ex_opts *o) {
   return rt;
 }
 
-/* Listens on o->host:o->port, prints "listening on PORT" and flushes.
- * Exits with a message on failure (after destroying rt). */
+/* Listens on the Unix socket o->unix_path, prints "listening on PATH" and
+ * flushes. Exits with a message on failure (after destroying rt). A
+ * socket file left by an earlier run that is gone is replaced. */
+static inline weft_listener *ex_listen_unix(const char *prog, weft_rt *rt,
+                                            const struct ex_opts *o,
+                                            weft_accept_fn fn, void *arg) {
+  struct sockaddr_un a;
+  weft_listener *l;
+  int r = weft_unix_addr(&a, o->unix_path);
+  if (r > 0)
+    r = weft_tcp_listen(rt, (struct sockaddr *)&a, (unsigned)r, NULL, fn, arg,
+                        &l);
+  if (r < 0) {
+    fprintf(stderr, "%s: listen on %s: %s\n", prog, o->unix_path,
+            weft_strerror(r));
+    weft_rt_destroy(rt);
+    exit(1);
+  }
+  printf("listening on %s\n", o->unix_path);
+  fflush(stdout);
+  return l;
+}
+
+/* Listens on o->host:o->port (or o->unix_path), prints "listening on
+ * PORT" and flushes. Exits with a message on failure (after destroying
+ * rt). */
 static inline weft_listener *ex_listen(const char *prog, weft_rt *rt,
                                        const struct ex_opts *o,
                                        weft_accept_fn fn, void *arg) {
+  if (o->unix_path)
+    return ex_listen_unix(prog, rt, o, fn, arg);
   struct sockaddr_storage ss;
   unsigned len;
   weft_listener *l;

@@ -3,6 +3,7 @@
  * new connection to the backend, and bytes flow both ways.
  *
  *   tcp_proxy --backend HOST:PORT [--port P] [--threads N] [--host ADDR]
+ *             [--unix PATH]
  *             [--connect-timeout-ms MS] [--idle-timeout-ms MS]
  *
  * A pair (client, backend) lives on one strand: the client's, which
@@ -134,7 +135,7 @@ static void on_accept(void *arg, weft_tcp *c) {
 
 static void usage(void) {
   fprintf(stderr, "usage: tcp_proxy --backend HOST:PORT [--port P] "
-                  "[--threads N] [--host ADDR]\n"
+                  "[--threads N] [--host ADDR] [--unix PATH]\n"
                   "                 [--connect-timeout-ms MS] "
                   "[--idle-timeout-ms MS]\n");
   exit(1);

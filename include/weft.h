@@ -458,11 +458,14 @@ WEFT_API int weft_signal_watch(weft_rt *rt, weft_strand *s, int signo,
  * thread. */
 WEFT_API int weft_signal_unwatch(weft_signal *w);
 
-/* ---- TCP -------------------------------------------------------------------
- * Connections and listeners. Every callback of a connection runs on its
- * strand: the one given to weft_tcp_connect, or one weft creates for it
- * (accepted connections, or connect with strand NULL). Callbacks are never
- * called from inside the weft_tcp_* call that causes them.
+/* ---- TCP and Unix stream sockets
+ * --------------------------------------------- Connections and listeners, over
+ * TCP (IPv4, IPv6) or Unix domain stream sockets (AF_UNIX: weft_unix_addr makes
+ * the address): the same weft_tcp and weft_listener calls serve both, and
+ * everything below holds for both unless it says otherwise. Every callback of a
+ * connection runs on its strand: the one given to weft_tcp_connect, or one weft
+ * creates for it (accepted connections, or connect with strand NULL). Callbacks
+ * are never called from inside the weft_tcp_* call that causes them.
  *
  * Threads: weft_tcp_read, _write, _writev, _shutdown, _set_watermarks,
  * _set_data and the option setters must be called on the connection's
@@ -565,22 +568,35 @@ typedef struct weft_listener_stats {
 } weft_listener_stats;
 
 /* Listens on addr (IPv4 or IPv6; port 0 picks a free port, the same for
- * every shard's socket) and calls fn(arg, conn) on each new connection's
- * strand. SO_REUSEADDR is set. An address in use by another listening
- * socket, weft's or not, fails with -EADDRINUSE unless WEFT_LISTEN_SHARE
- * is given; the check is made just before the shards' sockets bind, so a
- * socket bound by someone else in between can still be joined. When
+ * every shard's socket; or Unix, below) and calls fn(arg, conn) on each
+ * new connection's strand. SO_REUSEADDR is set. An address in use by another
+ * listening socket, weft's or not, fails with -EADDRINUSE unless
+ * WEFT_LISTEN_SHARE is given; the check is made just before the shards' sockets
+ * bind, so a socket bound by someone else in between can still be joined. When
  * descriptors run out (EMFILE, ENFILE) accepting pauses, backing off from 1 ms
  * to 100 ms, and resumes by itself; connections that arrive meanwhile are
  * accepted and closed at once with a spare descriptor kept for that, so clients
  * do not hang. opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too
- * small for the family), -EAFNOSUPPORT (neither IPv4 nor IPv6), -EADDRINUSE,
- * -EACCES, -EADDRNOTAVAIL, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend
- * NONE), -EAGAIN (the runtime's first socket could not start every
- * shard's thread: weft_config.eager_workers). Any thread. */
+ * small for the family, WEFT_LISTEN_SHARE with Unix), -EAFNOSUPPORT
+ * (neither IPv4, IPv6 nor Unix), -EADDRINUSE, -EACCES, -ENOENT (a Unix
+ * path's directory does not exist), -EADDRNOTAVAIL, -EMFILE, -ENOMEM,
+ * -ESHUTDOWN, -ENOTSUP (backend NONE), -EAGAIN (the runtime's first socket
+ * could not start every shard's thread: weft_config.eager_workers). Any thread.
+ */
 WEFT_API int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr,
                              unsigned addrlen, const weft_listen_opts *opts,
                              weft_accept_fn fn, void *arg, weft_listener **out);
+
+/* Unix domain listeners: one socket, served by one shard (the kernel has
+ * no SO_REUSEPORT groups for them). A path names a socket file: a file
+ * left there by a listener that is gone (a socket nobody listens on) is
+ * replaced, while a live listener or a file that is not a socket gives
+ * -EADDRINUSE; the listener removes its file when it closes (unless
+ * another was bound there since). Two processes that bind the same stale
+ * path at the same moment may both replace it: serialize such starts. An
+ * abstract name (weft_unix_addr's "@name") has no file; an address of the
+ * family alone (addrlen sizeof(sa_family_t)) has the kernel pick an
+ * abstract name, which weft_listener_addr tells. */
 
 /* The bound address (with the port picked for port 0). *addrlen is the
  * size of addr on entry, the address length on return. Any thread. */
@@ -601,7 +617,9 @@ WEFT_API int weft_listener_close(weft_listener *l, weft_fn done, void *arg);
 
 /* Connects to addr. *out receives the connection at once (so that it can
  * be closed to give up); fn runs on the strand (NULL: a new one of its own)
- * with the result. timeout_ns 0: the kernel's own (minutes).
+ * with the result. timeout_ns 0: the kernel's own (minutes). A Unix
+ * connect is answered at once: -ENOENT (no such file), -ECONNREFUSED
+ * (nobody listens there), -EAGAIN (the listener's backlog is full).
  * Errors (nothing was created): -EINVAL, -EXDEV (strand of another
  * runtime), -EAFNOSUPPORT, -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP, -EAGAIN
  * (as weft_tcp_listen). Any thread. */
@@ -707,7 +725,8 @@ WEFT_API int weft_tcp_set_timeouts(weft_tcp *c, uint64_t idle_ns,
                                    uint64_t read_ns, uint64_t write_ns);
 
 /* Options; on the strand. Errors: -EINVAL, -EPERM, -EBADF, or the
- * setsockopt error. keepalive: idle_s (1..32767) seconds before probes. */
+ * setsockopt error (-EOPNOTSUPP on a Unix socket). keepalive: idle_s
+ * (1..32767) seconds before probes. */
 WEFT_API int weft_tcp_nodelay(weft_tcp *c, int on);
 WEFT_API int weft_tcp_keepalive(weft_tcp *c, int on, unsigned idle_s);
 
@@ -718,6 +737,26 @@ WEFT_API int weft_tcp_local_addr(weft_tcp *c, struct sockaddr *addr,
                                  unsigned *addrlen);
 WEFT_API int weft_tcp_peer_addr(weft_tcp *c, struct sockaddr *addr,
                                 unsigned *addrlen);
+
+/* Fills *sa with the Unix domain address of path and returns its length
+ * (for weft_tcp_listen and weft_tcp_connect's addrlen). A path starting
+ * with '@' names the abstract namespace (Linux): the rest is the name, no
+ * file is made, and the name goes away with the last socket bound to it.
+ * Errors: -EINVAL (sa or path NULL, path empty), -ENAMETOOLONG (a path of
+ * more than 107 bytes, an abstract name of more than 107 after the '@'). */
+struct sockaddr_un;
+WEFT_API int weft_unix_addr(struct sockaddr_un *sa, const char *path);
+
+/* The peer process of a Unix connection, as the kernel recorded it when
+ * the connection was made (SO_PEERCRED): its process id, user and group. */
+typedef struct weft_cred {
+  int32_t pid;
+  uint32_t uid, gid;
+} weft_cred;
+
+/* The credentials of c's peer. On the strand. Errors: -EINVAL, -EPERM,
+ * -EBADF (closing), -EAFNOSUPPORT (not a Unix connection). */
+WEFT_API int weft_tcp_peer_cred(weft_tcp *c, weft_cred *out);
 
 typedef struct weft_shard_stats {
   uint64_t handlers_run;       /* handlers run */

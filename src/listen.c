@@ -42,6 +42,7 @@
 #include "sock.h"
 #include "tcp.h"
 #include "thread.h"
+#include "unix.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -85,6 +86,7 @@ struct weft_listener {
   void *done_arg;
   struct sockaddr_storage addr;
   unsigned addrlen;
+  struct weft__unix_file file; /* a Unix listener's socket file */
   _Atomic uint64_t st_accepted, st_calls, st_limit, st_dropped, st_paused;
   unsigned n;
   uint32_t *gens; /* socks[i]'s generation, for signals after its free */
@@ -387,6 +389,7 @@ static void lsock_finished(struct lsock *ls) {
   ls->timer = NULL;
   weft__sock_close_fd(&ls->s);
   ls->s.state = ST_CLOSED;
+  weft__unix_unlink(&l->addr, l->addrlen, &l->file); /* before done runs */
   live_drop(l);
   weft__sock_free(&ls->s);
 }
@@ -428,11 +431,19 @@ static int bind_one(weft_rt *rt, struct weft_listener *l, bool reuseport,
     close(fd);
     return r;
   }
-  if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
-      (reuseport &&
-       setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) < 0) ||
-      bind(fd, (struct sockaddr *)&l->addr, l->addrlen) < 0 ||
-      listen(fd, backlog) < 0) {
+  if (l->addr.ss_family == AF_UNIX) {
+    int r = weft__unix_bind(fd, &l->addr, l->addrlen, &l->file);
+    if (!r && listen(fd, backlog) < 0)
+      r = -errno;
+    if (r) {
+      close(fd);
+      return r;
+    }
+  } else if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+             (reuseport && setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one,
+                                      sizeof(one)) < 0) ||
+             bind(fd, (struct sockaddr *)&l->addr, l->addrlen) < 0 ||
+             listen(fd, backlog) < 0) {
     int r = -errno;
     close(fd);
     return r;
@@ -518,7 +529,10 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   if (!fn || !out || addrlen > sizeof(struct sockaddr_storage) ||
       (flags & ~(WEFT_LISTEN_SINGLE | WEFT_LISTEN_SHARE)) || backlog < 0)
     return -EINVAL;
-  unsigned n = (flags & WEFT_LISTEN_SINGLE) ? 1 : rt->nshards;
+  bool is_unix = addr->sa_family == AF_UNIX;
+  if (is_unix && (flags & WEFT_LISTEN_SHARE))
+    return -EINVAL; /* no SO_REUSEPORT groups for Unix sockets */
+  unsigned n = (flags & WEFT_LISTEN_SINGLE) || is_unix ? 1 : rt->nshards;
   struct weft_listener *l =
       calloc(1, sizeof(*l) + n * sizeof(l->socks[0]) + n * sizeof(uint32_t));
   if (!l)
@@ -548,6 +562,7 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   if (r) {
     for (unsigned i = 0; i < made; i++)
       lsock_discard(l->socks[i]);
+    weft__unix_unlink(&l->addr, l->addrlen, &l->file);
     listener_free(l);
     return r;
   }

@@ -24,11 +24,13 @@
 #include "tcp_timeout.h"
 #include "tcp_until.h"
 #include "thread.h"
+#include "unix.h"
 
 #include <errno.h>
 #include <netinet/in.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define READ_MAX ((size_t)1 << 30)
@@ -395,6 +397,10 @@ static void connect_start(struct weft__conn *c) {
     }
   }
   const struct sockaddr *addr = (const struct sockaddr *)&cn->addr;
+  if (cn->addr.ss_family == AF_UNIX) {
+    connect_done(c, weft__unix_connect(c->s.fd, addr, cn->addrlen));
+    return;
+  }
   if (weft__io_completes(c->s.rt)) {
     struct weft__shard *sh = weft__local_begin(c->s.rt);
     c->rd_inflight =
@@ -803,12 +809,14 @@ static int check_addr(const struct sockaddr *addr, unsigned addrlen) {
     return addrlen >= sizeof(struct sockaddr_in) ? 0 : -EINVAL;
   if (addr->sa_family == AF_INET6)
     return addrlen >= sizeof(struct sockaddr_in6) ? 0 : -EINVAL;
+  if (addr->sa_family == AF_UNIX) /* the family alone: an autobound name */
+    return addrlen <= sizeof(struct sockaddr_un) ? 0 : -EINVAL;
   return -EAFNOSUPPORT;
 }
 
 int weft__tcp_socket(weft_rt *rt, int family) {
   int flags = SOCK_STREAM | SOCK_CLOEXEC | weft__io_sock_flags(rt);
-  int fd = socket(family, flags, IPPROTO_TCP);
+  int fd = socket(family, flags, family == AF_UNIX ? 0 : IPPROTO_TCP);
   return fd < 0 ? -errno : fd;
 }
 

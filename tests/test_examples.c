@@ -10,7 +10,9 @@
  * includes LeakSanitizer finding nothing).
  *
  *  - echo: 1 MiB of pseudo-random bytes sent while reading comes back
- *    unchanged, then EOF after our half-close.
+ *    unchanged, then EOF after our half-close; the same over a Unix
+ *    socket (echo --unix) on a path, whose file is gone after the
+ *    SIGTERM, and in the abstract namespace.
  *  - http_hello: on one keep-alive connection one request, then a
  *    pipelined pair, then a 3000-byte head and one more request, get
  *    exactly five responses; "connection: Close" gets
@@ -40,6 +42,7 @@
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 
 #ifndef WEFT_EXAMPLES_DIR
@@ -171,6 +174,7 @@ typedef struct xt_child {
   int out;   /* read end of its stdout */
   unsigned port;
   const char *name;
+  const char *unix_path; /* listening there (--unix), not on port */
 } xt_child;
 
 static xt_child g_children[MAX_CHILDREN];
@@ -212,6 +216,13 @@ static unsigned xt_read_port(xt_child *c) {
   line[len] = '\0';
   unsigned port;
   char end;
+  if (c->unix_path) {
+    char want[256];
+    snprintf(want, sizeof want, "listening on %s\n", c->unix_path);
+    if (strcmp(line, want) != 0)
+      fail_msg("%s: unexpected first line \"%s\"", c->name, line);
+    return 0;
+  }
   if (sscanf(line, "listening on %u%c", &port, &end) != 2 || end != '\n' ||
       port == 0 || port > 65535)
     fail_msg("%s: unexpected first line \"%s\"", c->name, line);
@@ -231,6 +242,10 @@ static xt_child *xt_start(const char *name, const char *const *extra) {
   assert_true(g_nchildren < MAX_CHILDREN);
   xt_child *c = &g_children[g_nchildren++];
   c->name = name;
+  c->unix_path = NULL;
+  for (int i = 5; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--unix"))
+      c->unix_path = argv[i + 1];
   int fds[2];
   assert_int_equal(pipe2(fds, O_CLOEXEC), 0);
   c->out = fds[0];
@@ -333,14 +348,27 @@ static void xt_begin(void **state, const char *what) {
 
 /* Sends len pseudo-random bytes to port while reading, half-closes after
  * the last, and checks that exactly the same bytes come back, then EOF. */
-static void xt_echo_round_trip(unsigned port, size_t len, uint64_t seed) {
+/* A Unix stream connection to path (a path, or "@name"). */
+static int xt_connect_unix(const char *path) {
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  struct sockaddr_un a;
+  int len = weft_unix_addr(&a, path);
+  assert_true(len > 0);
+  if (connect(fd, (struct sockaddr *)&a, (socklen_t)len) < 0)
+    fail_msg("connect to %s: %s", path, strerror(errno));
+  return fd;
+}
+
+/* Sends len pseudo-random bytes on fd while reading them back, then
+ * half-closes and expects EOF; closes fd. */
+static void xt_echo_round_trip_fd(int fd, size_t len, uint64_t seed) {
   static unsigned char out[ECHO_BYTES], in[ECHO_BYTES];
   assert_true(len <= ECHO_BYTES);
   for (size_t i = 0; i < len; i += 8) {
     uint64_t r = tu_rand(&seed);
     memcpy(out + i, &r, len - i < 8 ? len - i : 8);
   }
-  int fd = xt_connect(port);
   uint64_t deadline = tu_deadline_ns(TU_WAIT_S);
   size_t sent = 0, got = 0;
   bool eof = false;
@@ -377,6 +405,10 @@ static void xt_echo_round_trip(unsigned port, size_t len, uint64_t seed) {
   close(fd);
 }
 
+static void xt_echo_round_trip(unsigned port, size_t len, uint64_t seed) {
+  xt_echo_round_trip_fd(xt_connect(port), len, seed);
+}
+
 static void test_echo(void **state) {
   xt_begin(state, "echo");
   xt_child *echo = xt_start("echo", NULL);
@@ -387,6 +419,28 @@ static void test_echo(void **state) {
   xt_expect(idle, "ping", 4, "echo of 'ping'");
   xt_stop(echo);
   close(idle);
+}
+
+/* echo --unix: the same over a Unix socket, on a path (its file gone
+ * after the SIGTERM) and in the abstract namespace. */
+static void test_echo_unix(void **state) {
+  xt_begin(state, "echo --unix");
+  char path[64], name[64];
+  snprintf(path, sizeof path, "/tmp/weft-echo-%d.sock", (int)getpid());
+  snprintf(name, sizeof name, "@weft-echo-%d", (int)getpid());
+  const char *const on_path[] = {"--unix", path, NULL};
+  xt_child *echo = xt_start("echo", on_path);
+  xt_echo_round_trip_fd(xt_connect_unix(path), ECHO_BYTES, 4);
+  int idle = xt_connect_unix(path);
+  xt_send_str(idle, "ping");
+  xt_expect(idle, "ping", 4, "echo of 'ping' over a Unix socket");
+  xt_stop(echo);
+  close(idle);
+  assert_int_equal(access(path, F_OK), -1); /* the listener removed it */
+  const char *const abstract[] = {"--unix", name, NULL};
+  echo = xt_start("echo", abstract);
+  xt_echo_round_trip_fd(xt_connect_unix(name), 4096, 5);
+  xt_stop(echo);
 }
 
 /* ------------------------------------------------------------ http_hello */
@@ -623,6 +677,7 @@ int main(void) {
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
       XT_BOTH(test_echo),
+      XT_BOTH(test_echo_unix),
       XT_BOTH(test_http),
       XT_BOTH(test_proxy),
       XT_BOTH(test_chat),
