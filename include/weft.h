@@ -199,6 +199,10 @@ typedef struct weft_config {
   weft_log_fn log_fn;
   void *log_ctx;
   int log_level;
+  /* weft_resolve: most lookups running at once, each on a thread of a
+   * pool of its own, apart from weft_blocking's (0: 8). Lookups beyond it
+   * wait (up to 1024 of them). */
+  unsigned resolve_threads;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
@@ -424,6 +428,56 @@ WEFT_API int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
 /* Cancels a job that has not started: 0, and its done gets -ECANCELED;
  * -EALREADY if it has started, finished or is unknown. Any thread. */
 WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
+
+/* ---- name resolution
+ * --------------------------------------------------------- getaddrinfo(3) off
+ * the shards' threads: a lookup runs on a pool of its own
+ * (weft_config.resolve_threads), apart from weft_blocking's, so lookups that
+ * wait on a slow or silent name server hold neither a shard nor the threads
+ * other blocking work (files) needs; the system's resolver gives up on its own
+ * after its timeouts (resolv.conf(5): timeout, attempts). A shutdown waits for
+ * lookups already running; queued ones run (DRAIN) or complete with -ECANCELED
+ * (CANCEL). */
+struct addrinfo;
+typedef struct weft_lookup weft_lookup;
+
+/* Errors of a lookup, beyond errno values (weft_strerror names them):
+ * the name or service is not known (EAI_NONAME, EAI_NODATA, EAI_SERVICE,
+ * EAI_ADDRFAMILY); the name server did not answer, try later (EAI_AGAIN);
+ * it failed for good (EAI_FAIL). Bad hints give -EINVAL, EAI_MEMORY
+ * -ENOMEM, EAI_SYSTEM the errno. */
+#define WEFT_EAI_NONAME (-3001)
+#define WEFT_EAI_AGAIN (-3002)
+#define WEFT_EAI_FAIL (-3003)
+
+/* status 0: res is the list of addresses (never NULL), weft's until fn
+ * returns (it is freed then: copy what you keep); otherwise res is NULL
+ * and status is a WEFT_EAI_* code, -ECANCELED (weft_resolve_cancel, or a
+ * CANCEL shutdown before the lookup started), or a negative errno. */
+typedef void (*weft_resolve_fn)(void *arg, int status, struct addrinfo *res);
+
+/* Looks up host and service (either may be NULL, not both) as
+ * getaddrinfo(host, service, hints) would; hints may be NULL (any family,
+ * AI_ADDRCONFIG | AI_V4MAPPED, as glibc) and is copied, as are the
+ * strings. fn runs once on strand s (NULL: any worker). *out (may be
+ * NULL) names the lookup until fn has been called. Errors (fn will not be
+ * called): -EINVAL, -EXDEV (s of another runtime), -EBADF (s released),
+ * -EAGAIN (1024 lookups already wait, or no pool thread could start),
+ * -ESHUTDOWN, -ENOMEM. Any thread. */
+WEFT_API int weft_resolve(weft_rt *rt, weft_strand *s, const char *host,
+                          const char *service, const struct addrinfo *hints,
+                          weft_resolve_fn fn, void *arg, weft_lookup **out);
+
+/* Gives up on r: fn runs with -ECANCELED (queued after this returns),
+ * whether the lookup had started or not; a lookup that is running goes on
+ * to its end on its pool thread, and its result is dropped. Errors:
+ * -EINVAL, -EALREADY (fn has started with the result: from inside fn,
+ * or from another thread while fn runs),
+ * -ESHUTDOWN (called from outside the runtime once its shutdown has
+ * begun: fn still comes, with the result or -ECANCELED). Call it only
+ * while fn has not returned: on fn's strand that is known before fn runs;
+ * from elsewhere, hold a lock that fn also takes. Any thread. */
+WEFT_API int weft_resolve_cancel(weft_lookup *r);
 
 /* ---- signals ----------------------------------------------------------------
  * A watcher runs fn(arg, signo, count) on a strand each time signo

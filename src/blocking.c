@@ -1,6 +1,7 @@
 /*
  * blocking.c - the blocking pool: elastic threads for calls that block,
- * separate from the shards' threads. Owns the job table and pool threads.
+ * separate from the shards' threads. Owns the pools (weft_blocking's, and
+ * name resolution's: resolve.c), their job tables and threads.
  *
  * A job is a slot in a fixed table (allocated in weft_rt_create, so the
  * queue bound is also the memory bound). Its id is (generation << 20) |
@@ -34,6 +35,7 @@ enum { J_FREE, J_QUEUED, J_RUNNING, J_DONE };
 
 struct job {
   weft_job id;
+  struct weft__blocking *pool;
   weft_work_fn work;
   void *arg;
   weft_strand *strand;
@@ -63,16 +65,15 @@ struct weft__blocking {
   uint64_t busy_ns; /* time spent in work(), summed */
 };
 
-int weft__blocking_init(weft_rt *rt, const weft_config *c) {
+static int pool_new(struct weft__blocking **out, unsigned max_threads,
+                    unsigned queue_max) {
+  if (queue_max + max_threads >= (1u << SLOT_BITS))
+    return -EINVAL;
   struct weft__blocking *b = calloc(1, sizeof(*b));
   if (!b)
     return -ENOMEM;
-  b->max_threads = c->blocking_threads; /* resolved by weft_rt_create */
-  b->queue_max = c->blocking_queue ? c->blocking_queue : DEFAULT_QUEUE;
-  if (b->queue_max + b->max_threads >= (1u << SLOT_BITS)) {
-    free(b);
-    return -EINVAL;
-  }
+  b->max_threads = max_threads;
+  b->queue_max = queue_max;
   b->nslots = b->queue_max + b->max_threads;
   b->jobs = calloc(b->nslots, sizeof(*b->jobs));
   b->threads = calloc(b->max_threads, sizeof(*b->threads));
@@ -92,8 +93,17 @@ int weft__blocking_init(weft_rt *rt, const weft_config *c) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&b->cond, &ca);
   pthread_condattr_destroy(&ca);
-  rt->blocking = b;
+  *out = b;
   return 0;
+}
+
+int weft__blocking_init(weft_rt *rt, const weft_config *c) {
+  /* Both thread bounds are resolved by weft_rt_create. */
+  int r = pool_new(&rt->blocking, c->blocking_threads,
+                   c->blocking_queue ? c->blocking_queue : DEFAULT_QUEUE);
+  if (!r)
+    r = pool_new(&rt->resolver, c->resolve_threads, DEFAULT_QUEUE);
+  return r;
 }
 
 /* Returns j's slot to the free list; lock held. */
@@ -106,7 +116,7 @@ static void slot_put(struct weft__blocking *b, struct job *j) {
 
 static void done_handler(void *arg) {
   struct job *j = arg;
-  struct weft__blocking *b = j->rt->blocking;
+  struct weft__blocking *b = j->pool;
   weft__calling((void *)j->done);
   j->done(j->arg, j->result);
   pthread_mutex_lock(&b->lock);
@@ -145,13 +155,14 @@ static void unlink_job(struct weft__blocking *b, struct job *j) {
 
 struct pool_arg {
   weft_rt *rt;
+  struct weft__blocking *b;
   struct pool_thread *self;
 };
 
 static void *pool_loop(void *p) {
   struct pool_arg a = *(struct pool_arg *)p;
   free(p);
-  struct weft__blocking *b = a.rt->blocking;
+  struct weft__blocking *b = a.b;
   pthread_mutex_lock(&b->lock);
   for (;;) {
     if (!b->head) {
@@ -207,6 +218,7 @@ static int maybe_spawn(weft_rt *rt, struct weft__blocking *b) {
   if (slot->state == WEFT_TH_EXITED)
     pthread_join(slot->tid, NULL);
   a->rt = rt;
+  a->b = b;
   a->self = slot;
   int r = weft__spawn(&slot->tid, NULL, pool_loop, a);
   if (r) {
@@ -227,7 +239,14 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
     return -ECHILD;
   if (done_strand && done_strand->rt != rt)
     return -EXDEV;
-  struct weft__blocking *b = rt->blocking;
+  return weft__blocking_submit(rt, rt->blocking, work, arg, done_strand, done,
+                               job);
+}
+
+int weft__blocking_submit(weft_rt *rt, struct weft__blocking *b,
+                          weft_work_fn work, void *arg,
+                          weft_strand *done_strand, weft_done_fn done,
+                          weft_job *job) {
   /* Busy while the job is accepted, so a shutdown either refuses it or
    * counts it (rt.c). */
   int r = weft__busy_enter(rt);
@@ -247,6 +266,7 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
   j->strand = done_strand;
   j->done = done;
   j->rt = rt;
+  j->pool = b;
   j->state = J_QUEUED;
   j->next = NULL;
   j->prev = b->tail;
@@ -281,7 +301,11 @@ int weft_blocking_cancel(weft_rt *rt, weft_job id) {
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
-  struct weft__blocking *b = rt->blocking;
+  return weft__blocking_cancel_in(rt, rt->blocking, id);
+}
+
+int weft__blocking_cancel_in(weft_rt *rt, struct weft__blocking *b,
+                             weft_job id) {
   weft_job slot = id & ((1u << SLOT_BITS) - 1);
   pthread_mutex_lock(&b->lock);
   struct job *j = slot < b->nslots ? &b->jobs[slot] : NULL;
@@ -297,8 +321,7 @@ int weft_blocking_cancel(weft_rt *rt, weft_job id) {
   return 0;
 }
 
-void weft__blocking_shutdown(weft_rt *rt) {
-  struct weft__blocking *b = rt->blocking;
+static void pool_shutdown(weft_rt *rt, struct weft__blocking *b) {
   bool cancel = weft__load(&rt->life.cancelling, WA_ACQ);
   for (;;) {
     pthread_mutex_lock(&b->lock);
@@ -317,6 +340,11 @@ void weft__blocking_shutdown(weft_rt *rt) {
   }
 }
 
+void weft__blocking_shutdown(weft_rt *rt) {
+  pool_shutdown(rt, rt->blocking);
+  pool_shutdown(rt, rt->resolver);
+}
+
 void weft__blocking_stats(weft_rt *rt, weft_stats *out) {
   struct weft__blocking *b = rt->blocking;
   pthread_mutex_lock(&b->lock);
@@ -328,8 +356,7 @@ void weft__blocking_stats(weft_rt *rt, weft_stats *out) {
   pthread_mutex_unlock(&b->lock);
 }
 
-void weft__blocking_destroy(weft_rt *rt) {
-  struct weft__blocking *b = rt->blocking;
+static void pool_free(struct weft__blocking *b) {
   if (!b)
     return;
   pthread_mutex_lock(&b->lock);
@@ -349,5 +376,10 @@ void weft__blocking_destroy(weft_rt *rt) {
   free(b->jobs);
   free(b->threads);
   free(b);
-  rt->blocking = NULL;
+}
+
+void weft__blocking_destroy(weft_rt *rt) {
+  pool_free(rt->blocking);
+  pool_free(rt->resolver);
+  rt->blocking = rt->resolver = NULL;
 }

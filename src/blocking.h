@@ -7,7 +7,10 @@
 
 #include "core.h"
 
-/* At create: the job table (cfg's queue bound is also its memory bound).
+/* At create: the two pools, weft_blocking's and name resolution's
+ * (resolve.c), each with its own threads and job table, so that lookups
+ * waiting on a name server never hold the threads other jobs need. The
+ * job table (cfg's queue bound is also its memory bound).
  * -EINVAL if the bound is too large, -ENOMEM. */
 int weft__blocking_init(weft_rt *rt, const weft_config *cfg);
 /* At shutdown: pool threads exit once idle; at a CANCEL shutdown the
@@ -16,5 +19,13 @@ void weft__blocking_shutdown(weft_rt *rt);
 /* Joins the pool threads and frees the table; a no-op the second time. */
 void weft__blocking_destroy(weft_rt *rt);
 void weft__blocking_stats(weft_rt *rt, weft_stats *out);
+/* weft_blocking and weft_blocking_cancel on pool b (rt->blocking or
+ * rt->resolver); the caller has checked its arguments. */
+int weft__blocking_submit(weft_rt *rt, struct weft__blocking *b,
+                          weft_work_fn work, void *arg,
+                          weft_strand *done_strand, weft_done_fn done,
+                          weft_job *job);
+int weft__blocking_cancel_in(weft_rt *rt, struct weft__blocking *b,
+                             weft_job id);
 
 #endif

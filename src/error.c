@@ -1,5 +1,6 @@
 /*
- * error.c - error names and the library version. Owns nothing.
+ * error.c - error names (errno's, and weft's own WEFT_EAI_*) and the
+ * library version. Owns nothing.
  */
 #include "core.h"
 
@@ -23,6 +24,14 @@ const char *weft_strerror(int err) {
     return "Unknown error";
   if (err < 0)
     err = -err;
+  switch (err) {
+  case -WEFT_EAI_NONAME:
+    return "Name or service not known";
+  case -WEFT_EAI_AGAIN:
+    return "Temporary failure in name resolution";
+  case -WEFT_EAI_FAIL:
+    return "Non-recoverable failure in name resolution";
+  }
   /* strerrordesc_np (glibc >= 2.32) returns a static string without
    * touching errno or a shared buffer, so it is thread-safe. */
   const char *s = strerrordesc_np(err);

@@ -215,6 +215,8 @@ static int resolve(weft_config *out) {
     unsigned n = 4 * cpus_allowed();
     out->blocking_threads = n < 64 ? n : 64;
   }
+  if (!out->resolve_threads)
+    out->resolve_threads = 8;
   if (!out->eager_workers)
     out->eager_workers = cpus_allowed();
   if (out->eager_workers > out->workers)

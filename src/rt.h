@@ -106,6 +106,7 @@ struct weft_rt {
   } outside;
 
   struct weft__blocking *blocking;
+  struct weft__blocking *resolver; /* weft_resolve's pool (resolve.c) */
 };
 
 /* Work outside the run loop (rt.c has the argument): a post or a timer
