@@ -18,6 +18,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -27,10 +28,10 @@
 #include <sys/un.h>
 
 struct ex_opts {
-  const char *host; /* listening address; default 127.0.0.1 */
+  const char *host;      /* listening address; default 127.0.0.1 */
   const char *unix_path; /* listen on this Unix socket instead (or "@name") */
-  unsigned port;    /* 0: a free port */
-  unsigned threads; /* 0: weft's default */
+  unsigned port;         /* 0: a free port */
+  unsigned threads;      /* 0: weft's default */
 };
 
 static inline void ex_opts_init(struct ex_opts *o) {
@@ -153,9 +154,9 @@ static inline weft_rt *ex_rt_create(const char *prog, const struct ex_opts *o) {
   return rt;
 }
 
-/* Listens on the Unix socket o->unix_path, prints "listening on PATH" and
- * flushes. Exits with a message on failure (after destroying rt). A
- * socket file left by an earlier run that is gone is replaced. */
+/* Listens on the Unix socket o->unix_path. Exits with a message on
+ * failure (after destroying rt). A socket file left by an earlier run that
+ * is gone is replaced. */
 static inline weft_listener *ex_listen_unix(const char *prog, weft_rt *rt,
                                             const struct ex_opts *o,
                                             weft_accept_fn fn, void *arg) {
@@ -171,14 +172,11 @@ static inline weft_listener *ex_listen_unix(const char *prog, weft_rt *rt,
     weft_rt_destroy(rt);
     exit(1);
   }
-  printf("listening on %s\n", o->unix_path);
-  fflush(stdout);
   return l;
 }
 
-/* Listens on o->host:o->port (or o->unix_path), prints "listening on
- * PORT" and flushes. Exits with a message on failure (after destroying
- * rt). */
+/* Listens on o->host:o->port (or o->unix_path). Exits with a message on
+ * failure (after destroying rt). */
 static inline weft_listener *ex_listen(const char *prog, weft_rt *rt,
                                        const struct ex_opts *o,
                                        weft_accept_fn fn, void *arg) {
@@ -194,22 +192,35 @@ static inline weft_listener *ex_listen(const char *prog, weft_rt *rt,
                                   arg, &l)) < 0) {
     fprintf(stderr, "%s: listen on %s:%u: %s\n", prog, o->host, o->port,
             weft_strerror(r));
-  } else {
-    len = sizeof(ss);
-    r = weft_listener_addr(l, (struct sockaddr *)&ss, &len);
-    if (r < 0)
-      fprintf(stderr, "%s: weft_listener_addr: %s\n", prog, weft_strerror(r));
   }
   if (r < 0) {
     weft_rt_destroy(rt);
     exit(1);
   }
-  unsigned port = ss.ss_family == AF_INET6
-                      ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                      : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-  printf("listening on %u\n", port);
-  fflush(stdout);
   return l;
+}
+
+/* Prints "listening on PORT" (or the Unix socket's path, or "@name") and
+ * flushes: what scripts and tests wait for. */
+static inline void ex_print_listening(weft_listener *l) {
+  struct sockaddr_storage ss;
+  unsigned len = sizeof(ss);
+  if (weft_listener_addr(l, (struct sockaddr *)&ss, &len) < 0)
+    return;
+  if (ss.ss_family == AF_UNIX) {
+    const struct sockaddr_un *u = (const struct sockaddr_un *)&ss;
+    size_t n = len - offsetof(struct sockaddr_un, sun_path);
+    if (n > 0 && u->sun_path[0] == '\0')
+      printf("listening on @%.*s\n", (int)(n - 1), u->sun_path + 1);
+    else
+      printf("listening on %s\n", u->sun_path);
+  } else {
+    unsigned port = ss.ss_family == AF_INET6
+                        ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                        : ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    printf("listening on %u\n", port);
+  }
+  fflush(stdout);
 }
 
 /* What the first SIGINT or SIGTERM stops: weft runs ex_on_stop for it on
@@ -236,7 +247,9 @@ static inline void ex_on_stop(void *arg, int signo, uint64_t count) {
   weft_rt_shutdown(st->rt, WEFT_SHUTDOWN_DRAIN | WEFT_SHUTDOWN_NOWAIT);
 }
 
-/* Serves until SIGINT or SIGTERM: then before(arg) runs (if not NULL),
+/* Prints "listening on ..." once SIGINT and SIGTERM are watched (so a
+ * signal sent as soon as the line is read stops the server cleanly), then
+ * serves until SIGINT or SIGTERM: then before(arg) runs (if not NULL),
  * the listener closes, and the runtime shuts down (DRAIN: weft closes
  * every connection still open, their pending callbacks run with
  * -ECANCELED, then their close callbacks); this waits for that, destroys
@@ -260,6 +273,7 @@ static inline int ex_serve(const char *prog, weft_rt *rt, weft_listener *l,
     weft_rt_destroy(rt);
     return 1;
   }
+  ex_print_listening(l);
   r = weft_rt_wait(rt, UINT64_MAX);
   if (r < 0)
     fprintf(stderr, "%s: weft_rt_wait: %s\n", prog, weft_strerror(r));

@@ -676,11 +676,8 @@ int main(void) {
   tu_watchdog_start();
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      XT_BOTH(test_echo),
-      XT_BOTH(test_echo_unix),
-      XT_BOTH(test_http),
-      XT_BOTH(test_proxy),
-      XT_BOTH(test_chat),
+      XT_BOTH(test_echo),  XT_BOTH(test_echo_unix), XT_BOTH(test_http),
+      XT_BOTH(test_proxy), XT_BOTH(test_chat),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
