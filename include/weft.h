@@ -682,6 +682,30 @@ WEFT_API int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
                               uint64_t timeout_ns, weft_connect_fn fn,
                               void *arg, weft_tcp **out);
 
+/* Connects to host (a name, or a numeric address) and service (a port
+ * number, or a name from /etc/services), looked up as weft_resolve does:
+ * tries each address in turn, interleaving IPv6 and IPv4 as RFC 8305
+ * orders them (at most 16 addresses), each attempt ending after
+ * attempt_ns (0: the kernel's own timeout, minutes) or at its first
+ * failure. fn runs once on strand s (NULL: a new strand of its own, which
+ * becomes the connection's): with status 0 and the connection (as
+ * weft_tcp_connect's callback: set its data and close callback there), or
+ * with conn NULL and the last attempt's error (-ECONNREFUSED,
+ * -ETIMEDOUT, ...), the lookup's (WEFT_EAI_*), or -ECANCELED. The failed
+ * attempts' connections close by themselves. *out (may be NULL) names the
+ * dial until fn has been called. Errors (fn will not be called): as
+ * weft_resolve, and -EINVAL (host or service NULL). Any thread. */
+typedef struct weft_dial weft_dial;
+WEFT_API int weft_tcp_dial(weft_rt *rt, weft_strand *s, const char *host,
+                           const char *service, uint64_t attempt_ns,
+                           weft_connect_fn fn, void *arg, weft_dial **out);
+
+/* Gives up on d: fn runs with -ECANCELED (a connection that got through
+ * meanwhile is closed). Errors: -EINVAL, -EALREADY (fn has started, or d
+ * was cancelled before). Only while fn has not returned (as
+ * weft_resolve_cancel). Any thread. */
+WEFT_API int weft_tcp_dial_cancel(weft_dial *d);
+
 /* Reads up to len bytes (len is capped at 1 GiB) into buf; fn runs once
  * with the result: the bytes read, 0 at end of file, or a negative errno.
  * One read at a time. With io_uring, bytes that arrive between reads are
