@@ -7,9 +7,11 @@
  * getaddrinfo cannot be interrupted, so a cancel does not stop a running
  * lookup: it answers the user at once and leaves the lookup to finish on
  * its thread, whose result is then freed unseen. Who calls the user's fn
- * is decided on one word, `state`: the lookup's end (its done, on the
- * strand) and weft_resolve_cancel race a CAS from PENDING, and the winner
- * alone calls fn (with the result, or -ECANCELED). A request is freed by
+ * is decided on one word, `state`: the lookup's end (its done, on any
+ * worker) and weft_resolve_cancel race a CAS from PENDING, and the winner
+ * alone posts fn to the user's strand (with the result, or -ECANCELED);
+ * the loser never touches that strand, which the user may release as
+ * soon as fn has run. A request is freed by
  * the last of its two possible holders: the pool job (always) and a
  * cancel's posted handler (when the cancel won); `refs` counts them. The
  * cancel takes its reference before its CAS, so the job's done, which
@@ -89,17 +91,44 @@ static long lookup(void *arg) {
   return 0;
 }
 
-static void lookup_done(void *arg, long result) {
+/* The result, on the user's strand. */
+static void result_run(void *arg) {
   struct weft_lookup *r = arg;
-  int status = result ? (int)result : r->status;
-  uint32_t pending = R_PENDING;
-  if (weft__cas(&r->state, &pending, R_DONE, WA_SC, WA_SC)) {
-    weft__calling((void *)r->fn);
-    r->fn(r->arg, status, status ? NULL : r->res);
-  }
+  weft__calling((void *)r->fn);
+  r->fn(r->arg, r->status, r->res);
   if (r->res)
     freeaddrinfo(r->res);
   req_unref(r);
+}
+
+/* On any worker: a lookup that lost to a cancel must not touch the user's
+ * strand, which the user may release once told -ECANCELED. */
+static void lookup_done(void *arg, long result) {
+  struct weft_lookup *r = arg;
+  if (result) { /* cancelled in the queue, by weft_resolve_cancel or a
+                 * CANCEL shutdown: getaddrinfo never ran */
+    r->status = (int)result;
+    r->res = NULL;
+  }
+  uint32_t pending = R_PENDING;
+  if (!weft__cas(&r->state, &pending, R_DONE, WA_SC, WA_SC)) {
+    if (r->res)
+      freeaddrinfo(r->res);
+    req_unref(r);
+    return;
+  }
+  if (!r->strand) {
+    result_run(r);
+    return;
+  }
+  struct weft__shard *local = weft__local_begin(r->rt);
+  struct weft__node *n;
+  while (!(n = weft__node_new(r->rt, local, result_run, result_run, r))) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL); /* out of memory: retry, never lose fn */
+  }
+  weft__node_post(r->rt, local, r->strand, n, false);
+  weft__local_end(local);
 }
 
 static void cancelled(void *arg) {
@@ -151,7 +180,7 @@ int weft_resolve(weft_rt *rt, weft_strand *s, const char *host,
     r->service = memcpy(r->strings + hl, service, sl);
   weft__store(&r->state, R_PENDING, WA_RLX);
   weft__store(&r->refs, 1, WA_RLX);
-  err = weft__blocking_submit(rt, rt->resolver, lookup, r, s, lookup_done,
+  err = weft__blocking_submit(rt, rt->resolver, lookup, r, NULL, lookup_done,
                               &r->job);
   if (err) {
     free(r);
