@@ -242,20 +242,23 @@ static inline void ex_on_stop(void *arg, int signo, uint64_t count) {
   st->stopping = true;
   if (st->before)
     st->before(st->arg);
-  weft_listener_close(st->l, NULL, NULL);
+  if (st->l)
+    weft_listener_close(st->l, NULL, NULL);
   /* NOWAIT: a handler cannot wait for its own runtime; main waits. */
   weft_rt_shutdown(st->rt, WEFT_SHUTDOWN_DRAIN | WEFT_SHUTDOWN_NOWAIT);
 }
 
 /* Prints "listening on ..." once SIGINT and SIGTERM are watched (so a
- * signal sent as soon as the line is read stops the server cleanly), then
+ * signal sent as soon as the line is read stops the server cleanly; with
+ * l NULL, announce(announce_arg) says it instead), then
  * serves until SIGINT or SIGTERM: then before(arg) runs (if not NULL),
  * the listener closes, and the runtime shuts down (DRAIN: weft closes
- * every connection still open, their pending callbacks run with
+ * every connection and UDP socket still open, their pending callbacks run with
  * -ECANCELED, then their close callbacks); this waits for that, destroys
  * the runtime and returns 0, or 1 after a message. */
-static inline int ex_serve(const char *prog, weft_rt *rt, weft_listener *l,
-                           weft_fn before, void *arg) {
+static inline int ex_serve_with(const char *prog, weft_rt *rt, weft_listener *l,
+                                weft_fn before, void *arg, weft_fn announce,
+                                void *announce_arg) {
   static struct ex_stopper st;
   st.rt = rt;
   st.l = l;
@@ -273,7 +276,10 @@ static inline int ex_serve(const char *prog, weft_rt *rt, weft_listener *l,
     weft_rt_destroy(rt);
     return 1;
   }
-  ex_print_listening(l);
+  if (l)
+    ex_print_listening(l);
+  else
+    announce(announce_arg);
   r = weft_rt_wait(rt, UINT64_MAX);
   if (r < 0)
     fprintf(stderr, "%s: weft_rt_wait: %s\n", prog, weft_strerror(r));
@@ -282,6 +288,11 @@ static inline int ex_serve(const char *prog, weft_rt *rt, weft_listener *l,
   if (d < 0)
     fprintf(stderr, "%s: weft_rt_destroy: %s\n", prog, weft_strerror(d));
   return r < 0 || d < 0;
+}
+
+static inline int ex_serve(const char *prog, weft_rt *rt, weft_listener *l,
+                           weft_fn before, void *arg) {
+  return ex_serve_with(prog, rt, l, before, arg, NULL, NULL);
 }
 
 #endif /* WEFT_EXAMPLES_NETUTIL_H */

@@ -836,6 +836,120 @@ typedef struct weft_cred {
  * -EBADF (closing), -EAFNOSUPPORT (not a Unix connection). */
 WEFT_API int weft_tcp_peer_cred(weft_tcp *c, weft_cred *out);
 
+/* ---- UDP
+ * ---------------------------------------------------------------------
+ * Datagram sockets, IPv4 and IPv6. Every callback of a UDP socket runs on
+ * its strand (the one given to weft_udp_open, or one of its own), never
+ * inside the weft_udp_* call that causes it. weft_udp_close may be called
+ * from any thread; every other call on its strand (elsewhere: -EPERM).
+ *
+ * Receiving: once weft_udp_recv_start is called, each datagram is handed
+ * to the callback in weft's buffer, valid until the callback returns.
+ * Datagrams are read in batches (recvmmsg), at most 64 per turn of the
+ * strand, so a flood on one socket delays the other strands of its shard
+ * by one batch, never more. A datagram longer than max_datagram is cut
+ * to it and flagged WEFT_UDP_TRUNC.
+ *
+ * Sending: weft_udp_send copies the datagram, so its buffer may be reused
+ * at once; datagrams queued in one turn of the strand leave together
+ * (sendmmsg) at its end, in order. The queue holds at most send_queue
+ * bytes (-ENOBUFS beyond); it fills only while the socket's send buffer
+ * is full.
+ *
+ * Lifetime, as a TCP connection's: the close callback (weft_udp_set_data)
+ * runs exactly once, last, whatever closes the socket (weft_udp_close,
+ * or the runtime's shutdown), after every queued send's callback (with
+ * -ECANCELED for those not sent). */
+typedef struct weft_udp weft_udp;
+
+/* weft_udp_recv_fn's flags */
+#define WEFT_UDP_TRUNC 1u /* the datagram was longer than max_datagram */
+
+/* n >= 0: a datagram of n bytes at data, from `from` (fromlen bytes; on
+ * a connected socket, the peer); n < 0: an error the socket reported
+ * (-ECONNREFUSED: an earlier datagram of a connected socket was refused),
+ * data and from NULL. */
+typedef void (*weft_udp_recv_fn)(void *arg, weft_udp *u, long n,
+                                 const void *data, const struct sockaddr *from,
+                                 unsigned fromlen, unsigned flags);
+/* 0: the datagram is in the kernel; -ECANCELED: closed before it left;
+ * other negative errno: the kernel refused it (-ENETUNREACH, -EACCES for
+ * a broadcast without SO_BROADCAST, -ECONNREFUSED, ...). */
+typedef void (*weft_udp_send_fn)(void *arg, weft_udp *u, int status);
+typedef void (*weft_udp_close_fn)(void *data, weft_udp *u);
+
+/* weft_udp_opts.flags */
+#define WEFT_UDP_REUSEADDR                                                     \
+  1u /* SO_REUSEADDR: share the address (multicast)                            \
+      */
+#define WEFT_UDP_BROADCAST                                                     \
+  2u /* SO_BROADCAST: may send to broadcast addresses */
+
+typedef struct weft_udp_opts {
+  unsigned max_datagram; /* bytes read per datagram; 0: 2048 (65535 max) */
+  unsigned send_queue;   /* bytes queued for sending at most; 0: 256 KiB */
+  unsigned flags;        /* WEFT_UDP_*; others must be zero */
+} weft_udp_opts;
+
+/* Opens a UDP socket bound to addr (IPv4 or IPv6; port 0 picks one) on
+ * strand s (NULL: a strand of its own, released with the socket). opts
+ * may be NULL. Errors: -EINVAL, -EAFNOSUPPORT, -EADDRINUSE, -EACCES,
+ * -EADDRNOTAVAIL, -EXDEV (s of another runtime), -EBADF (s released),
+ * -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend NONE), -EAGAIN (as
+ * weft_tcp_listen). Any thread. */
+WEFT_API int weft_udp_open(weft_rt *rt, weft_strand *s,
+                           const struct sockaddr *addr, unsigned addrlen,
+                           const weft_udp_opts *opts, weft_udp **out);
+
+/* Calls fn for each datagram from now on (replacing an earlier fn).
+ * Errors: -EINVAL, -EPERM, -EBADF (closing). */
+WEFT_API int weft_udp_recv_start(weft_udp *u, weft_udp_recv_fn fn, void *arg);
+/* No call of the receive callback starts after this returns (datagrams
+ * wait in the socket's buffer). Errors: -EINVAL, -EPERM. */
+WEFT_API int weft_udp_recv_stop(weft_udp *u);
+
+/* Sends len bytes (0..65507 for IPv4, 65527 for IPv6) to `to` (NULL on a
+ * connected socket: its peer); the bytes are copied. fn (may be NULL)
+ * runs once with the result. Errors (fn will not run): -EINVAL,
+ * -EMSGSIZE, -EDESTADDRREQ (to NULL, not connected), -EAFNOSUPPORT (to of
+ * another family), -ENOBUFS (the send queue is full), -EPERM, -EBADF,
+ * -ENOMEM. */
+WEFT_API int weft_udp_send(weft_udp *u, const void *buf, size_t len,
+                           const struct sockaddr *to, unsigned tolen,
+                           weft_udp_send_fn fn, void *arg);
+
+/* Connects u to addr (the kernel then drops datagrams from anyone else
+ * and reports the peer's refusals); addr NULL disconnects. Errors:
+ * -EINVAL, -EAFNOSUPPORT, -EPERM, -EBADF, or connect(2)'s. */
+WEFT_API int weft_udp_connect(weft_udp *u, const struct sockaddr *addr,
+                              unsigned addrlen);
+
+/* Joins (join non-zero) or leaves the multicast group (an IPv4 or IPv6
+ * address; its port is ignored) on the interface of index ifindex (0:
+ * the kernel's choice). Errors: -EINVAL, -EAFNOSUPPORT (a group of
+ * another family than u's), -EPERM, -EBADF, or setsockopt(2)'s
+ * (-EADDRNOTAVAIL: not joined, -ENODEV). */
+WEFT_API int weft_udp_membership(weft_udp *u, const struct sockaddr *group,
+                                 unsigned grouplen, unsigned ifindex, int join);
+
+/* Ties data to u; on_close(data, u) (may be NULL) is its close callback.
+ * Errors: -EINVAL, -EPERM. */
+WEFT_API int weft_udp_set_data(weft_udp *u, void *data,
+                               weft_udp_close_fn on_close);
+WEFT_API void *weft_udp_data(const weft_udp *u);
+/* u's strand. Any thread. */
+WEFT_API weft_strand *weft_udp_strand(const weft_udp *u);
+/* The bound address (as weft_listener_addr). On the strand. */
+WEFT_API int weft_udp_local_addr(weft_udp *u, struct sockaddr *addr,
+                                 unsigned *addrlen);
+
+/* Closes u: queued sends complete with -ECANCELED, then the close
+ * callback runs. Errors: -EINVAL, -EALREADY (closed before, or by the
+ * shutdown), -ESHUTDOWN (as weft_tcp_close). Any thread, with the same
+ * caution as weft_tcp_close: u is gone once its close callback has
+ * returned. */
+WEFT_API int weft_udp_close(weft_udp *u);
+
 typedef struct weft_shard_stats {
   uint64_t handlers_run;       /* handlers run */
   uint64_t handlers_cancelled; /* handlers not run at CANCEL shutdown: their
@@ -867,7 +981,7 @@ typedef struct weft_stats {
    * for those cancelled), but in no shard's counters. */
   uint64_t handlers_run_after_handoff;
   uint64_t blocking_done; /* blocking jobs whose done has returned */
-  uint64_t tcp_live;      /* connections and listener sockets not yet freed */
+  uint64_t tcp_live; /* sockets (connections, listening, UDP) not yet freed */
   /* io_uring: provided receive buffers (4 KiB each, 128 per shard) that
    * hold bytes a connection has received and not yet been asked to read
    * (weft_tcp_read says how many one connection may hold). */

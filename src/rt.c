@@ -38,6 +38,7 @@
 #include "tcp.h"
 #include "thread.h"
 #include "timer.h"
+#include "udp.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -128,6 +129,7 @@ static void prefill(weft_rt *rt, struct weft__shard *sh) {
  * part way (every field it reads is zero or initialized). */
 static void rt_free(weft_rt *rt) {
   weft__listen_destroy(rt);
+  weft__udp_destroy(rt);
   weft__tcp_destroy(rt);
   weft__io_destroy(rt);
   if (rt->arena) {
@@ -336,6 +338,7 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
     return r;
   weft__tcp_init(rt);
   weft__listen_init(rt);
+  weft__udp_init(rt);
   /* EINVAL: below this platform's PTHREAD_STACK_MIN */
   r = pthread_attr_setstacksize(&rt->th.attr, c->stack_size);
   if (r)

@@ -81,10 +81,11 @@ struct weft_rt {
     pthread_mutex_t lock; /* setting them up (weft__io_ensure) */
   } io;
 
-  /* Sockets (sock.c, tcp.c, tcp_recv.c, listen.c). */
+  /* Sockets (sock.c, tcp.c, tcp_recv.c, listen.c, udp.c). */
   struct {
     struct weft__pool conn_pool;     /* connections */
     struct weft__pool lsock_pool;    /* listening sockets */
+    struct weft__pool udp_pool;      /* UDP sockets (udp.c) */
     struct weft__pool send_pool;     /* uring: sends in the kernel */
     _Atomic uint64_t live;           /* sockets not yet freed */
     _Atomic uint32_t rr;             /* home shard of sockets made outside */

@@ -1,6 +1,7 @@
 /*
  * sock.h, sock.c - the socket object that every kind of socket starts with
- * (a connection, tcp.h; a listening socket, listen.c): its memory, its
+ * (a connection, tcp.h; a listening socket, listen.c; a UDP socket,
+ * udp.c): its memory, its
  * event word and strand handler, its registration with the backend and
  * with the shutdown sweep, and closing its descriptor.
  *
@@ -56,7 +57,7 @@
 /* a tag for signals that need no generation check */
 #define WEFT_GEN_ANY UINT32_MAX
 
-enum { SK_CONN = 0, SK_LISTEN = 1 };
+enum { SK_CONN = 0, SK_LISTEN = 1, SK_UDP = 2 };
 /* state: only forward */
 enum {
   ST_NEW = 0,    /* accepted, callback not yet delivered */
@@ -135,7 +136,8 @@ bool weft__sock_on_strand(const struct weft__sock *s);
 unsigned weft__sock_home(weft_rt *rt);
 
 /* The runtime's side: the shutdown sweep (every socket gets EV_SHUTDOWN)
- * and counters. Each kind's pool is its own file's (tcp.c, listen.c). */
+ * and counters. Each kind's pool is its own file's (tcp.c, listen.c,
+ * udp.c). */
 void weft__socks_shutdown(weft_rt *rt);
 void weft__net_stats(weft_rt *rt, weft_stats *out);
 

@@ -1,7 +1,7 @@
 /*
- * test_examples: the network examples (build/examples/echo, http_hello,
- * tcp_proxy, chat) do what they say, as separate processes driven over
- * loopback by plain non-blocking sockets, once with WEFT_BACKEND=epoll and
+ * test_examples: the network examples (build/examples/echo, udp_echo,
+ * http_hello, tcp_proxy, chat) do what they say, as separate processes driven
+ * over loopback by plain non-blocking sockets, once with WEFT_BACKEND=epoll and
  * once with WEFT_BACKEND=uring (skipped where io_uring cannot be set up).
  *
  * Each example is started with --port 0 --threads 2; its first stdout line
@@ -13,6 +13,8 @@
  *    unchanged, then EOF after our half-close; the same over a Unix
  *    socket (echo --unix) on a path, whose file is gone after the
  *    SIGTERM, and in the abstract namespace.
+ *  - udp_echo: 50 bursts of 16 datagrams of 1..1400 bytes come back
+ *    unchanged, in order.
  *  - http_hello: on one keep-alive connection one request, then a
  *    pipelined pair, then a 3000-byte head and one more request, get
  *    exactly five responses; "connection: Close" gets
@@ -443,6 +445,41 @@ static void test_echo_unix(void **state) {
   xt_stop(echo);
 }
 
+/* udp_echo: datagrams of 1..1400 bytes in bursts come back unchanged. */
+static void test_udp_echo(void **state) {
+  xt_begin(state, "udp_echo");
+  xt_child *echo = xt_start("udp_echo", NULL);
+  int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  assert_true(fd >= 0);
+  struct timeval tv = {TU_WAIT_S, 0};
+  assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv), 0);
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_port = htons((uint16_t)echo->port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  static unsigned char out[16][1400], in[1500];
+  uint64_t seed = 9;
+  for (int round = 0; round < 50; round++) {
+    size_t lens[16];
+    for (int i = 0; i < 16; i++) {
+      lens[i] = 1 + tu_rand(&seed) % 1400;
+      for (size_t k = 0; k < lens[i]; k++)
+        out[i][k] = (unsigned char)tu_rand(&seed);
+      assert_int_equal(send(fd, out[i], lens[i], 0), (ssize_t)lens[i]);
+    }
+    for (int i = 0; i < 16; i++) {
+      ssize_t n = recv(fd, in, sizeof in, 0);
+      if (n < 0)
+        fail_msg("no echo of datagram %d of round %d: %s", i, round,
+                 strerror(errno));
+      assert_int_equal(n, (ssize_t)lens[i]);
+      assert_memory_equal(in, out[i], lens[i]);
+    }
+  }
+  close(fd);
+  xt_stop(echo);
+}
+
 /* ------------------------------------------------------------ http_hello */
 
 #define HTTP_HEAD                                                              \
@@ -676,8 +713,8 @@ int main(void) {
   tu_watchdog_start();
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      XT_BOTH(test_echo),  XT_BOTH(test_echo_unix), XT_BOTH(test_http),
-      XT_BOTH(test_proxy), XT_BOTH(test_chat),
+      XT_BOTH(test_echo), XT_BOTH(test_echo_unix), XT_BOTH(test_udp_echo),
+      XT_BOTH(test_http), XT_BOTH(test_proxy),     XT_BOTH(test_chat),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

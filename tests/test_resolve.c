@@ -19,8 +19,8 @@
  *  - Cancel: a queued lookup and a running one both get -ECANCELED, at
  *    once, exactly once; when the hung lookup ends its result is dropped
  *    (no second call, and nothing posted to the lookup's strand, which
- *    is released as soon as fn has run); a cancel from inside fn, which the result won,
- *    gives -EALREADY.
+ *    is released as soon as fn has run); a cancel from inside fn, which the
+ * result won, gives -EALREADY.
  *  - Shutdown (CANCEL) with lookups queued behind hung ones: every fn runs
  *    exactly once (-ECANCELED for the queued) once the gate opens.
  */
