@@ -479,6 +479,58 @@ WEFT_API int weft_resolve(weft_rt *rt, weft_strand *s, const char *host,
  * from elsewhere, hold a lock that fn also takes. Any thread. */
 WEFT_API int weft_resolve_cancel(weft_lookup *r);
 
+/* ---- files
+ * ------------------------------------------------------------------- File
+ * operations that never block a worker: each completes once with fn(arg,
+ * result) on strand s (NULL: any worker), never inside the call. With the
+ * io_uring backend they go through the calling shard's ring (the kernel runs
+ * those that would block on its own threads); from a thread outside the
+ * runtime, with epoll, or on a kernel without the opcodes, they run on the
+ * blocking pool (weft_blocking's), with the same results. result is what the
+ * system call returns: bytes, a descriptor, 0, or a negative errno; short reads
+ * and writes come as the kernel makes them, and a read at the end of the file
+ * gives 0. Buffers, iovec arrays' memory and *st must stay valid until fn runs
+ * (paths and iovec arrays themselves are copied). An offset of -1 uses and
+ * moves the file position (as read(2)), which concurrent operations on one
+ * descriptor share: use offsets for those. At a CANCEL shutdown an operation
+ * not yet started may complete with -ECANCELED; one in the kernel completes.
+ * Errors of the calls themselves (fn will not run): -EINVAL (rt or fn
+ * NULL, a bad argument), -EXDEV (s of another runtime), -EBADF (s
+ * released), -ESHUTDOWN, -ENOMEM, -EAGAIN (the blocking pool's queue is
+ * full). */
+struct stat;
+struct iovec;
+typedef void (*weft_fs_fn)(void *arg, long result);
+
+/* open(2) of path with flags (O_CLOEXEC is added) and mode; result: the
+ * descriptor. */
+WEFT_API int weft_fs_open(weft_rt *rt, weft_strand *s, const char *path,
+                          int flags, unsigned mode, weft_fs_fn fn, void *arg);
+/* close(2) of fd; result 0. fd must not be used by an operation in
+ * flight. */
+WEFT_API int weft_fs_close(weft_rt *rt, weft_strand *s, int fd, weft_fs_fn fn,
+                           void *arg);
+/* pread(2) / pwrite(2) of len bytes (at most 2 GiB - 4 KiB) at off (-1:
+ * the file position); result: bytes. */
+WEFT_API int weft_fs_read(weft_rt *rt, weft_strand *s, int fd, void *buf,
+                          size_t len, int64_t off, weft_fs_fn fn, void *arg);
+WEFT_API int weft_fs_write(weft_rt *rt, weft_strand *s, int fd, const void *buf,
+                           size_t len, int64_t off, weft_fs_fn fn, void *arg);
+/* preadv(2) / pwritev(2) of iovcnt (1..1024) buffers. */
+WEFT_API int weft_fs_readv(weft_rt *rt, weft_strand *s, int fd,
+                           const struct iovec *iov, int iovcnt, int64_t off,
+                           weft_fs_fn fn, void *arg);
+WEFT_API int weft_fs_writev(weft_rt *rt, weft_strand *s, int fd,
+                            const struct iovec *iov, int iovcnt, int64_t off,
+                            weft_fs_fn fn, void *arg);
+/* fsync(2), or fdatasync(2) with datasync non-zero; result 0. */
+WEFT_API int weft_fs_fsync(weft_rt *rt, weft_strand *s, int fd, int datasync,
+                           weft_fs_fn fn, void *arg);
+/* stat(2) of path, or fstat(2) of fd with path NULL, into *st; result 0.
+ * (fd is ignored when path is given.) */
+WEFT_API int weft_fs_stat(weft_rt *rt, weft_strand *s, const char *path, int fd,
+                          struct stat *st, weft_fs_fn fn, void *arg);
+
 /* ---- signals ----------------------------------------------------------------
  * A watcher runs fn(arg, signo, count) on a strand each time signo
  * arrives: count is how many arrivals it stands for (arrivals while a call

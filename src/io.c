@@ -208,6 +208,11 @@ int weft__io_init(weft_rt *rt, int backend) {
   rt->io.ring_accept = backend == WEFT_BACKEND_URING &&
                        weft__uring_accept_nowait() &&
                        !(e && !strcmp(e, "poll"));
+  /* WEFT_URING_FILES=pool sends file operations to the blocking pool as
+   * on epoll: that path, for tests. */
+  e = getenv("WEFT_URING_FILES");
+  rt->io.ring_files = backend == WEFT_BACKEND_URING && weft__uring_files_ok() &&
+                      !(e && !strcmp(e, "pool"));
   return 0;
 }
 
@@ -355,6 +360,12 @@ int weft__io_recv_multishot(struct weft__shard *sh, int fd,
                             struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
   return io ? weft__uring_recv_multishot(io, fd, h) : -EAGAIN;
+}
+
+int weft__io_file(struct weft__shard *sh, const struct weft__fileop *op,
+                  struct weft__ioh *h) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_file(io, op, h) : -EAGAIN;
 }
 
 int weft__io_send(struct weft__shard *sh, int fd, struct msghdr *msg,

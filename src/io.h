@@ -35,7 +35,7 @@ enum {
   WEFT_OP_CONNECT,
   WEFT_OP_ACCEPT, /* an accept that never waits in the kernel */
   WEFT_OP_POLLIN, /* a one-shot poll for readability */
-  WEFT_OP_READY,  /* readiness backend: events (no operation) */
+  WEFT_OP_FILE,   /* a file operation (struct weft__fileop) */
   WEFT_OP_QUIET   /* no handle: a cancel or close nobody waits for */
 };
 #define WEFT_OP_MASK 7u
@@ -64,7 +64,36 @@ static inline void weft__rbuf_push(_Atomic(struct weft__rbuf *) *top,
       top, &head, b, memory_order_release, memory_order_relaxed));
 }
 
-/* A completion, or (READY) readiness. */
+/* A file operation for weft__io_file (fs.c): what, on which descriptor,
+ * and its arguments; everything it points to stays valid until the
+ * completion. */
+enum {
+  WEFT_FOP_READ,
+  WEFT_FOP_WRITE,
+  WEFT_FOP_READV,
+  WEFT_FOP_WRITEV,
+  WEFT_FOP_FSYNC,
+  WEFT_FOP_FDATASYNC,
+  WEFT_FOP_OPEN,
+  WEFT_FOP_CLOSE,
+  WEFT_FOP_STATX
+};
+struct statx;
+struct weft__fileop {
+  int kind;
+  int fd;       /* OPEN, STATX: the directory (AT_FDCWD) or, with an empty
+                   path, the file itself */
+  void *buf;    /* READ, WRITE */
+  size_t len;   /* READ, WRITE; READV, WRITEV: the iovec count */
+  uint64_t off; /* READ..WRITEV: the offset, or -1 for the file position */
+  const struct iovec *iov;
+  const char *path;  /* OPEN, STATX */
+  int flags;         /* OPEN: open(2)'s; STATX: AT_* */
+  unsigned mode;     /* OPEN */
+  struct statx *stx; /* STATX */
+};
+
+/* A completion, or readiness (epoll). */
 struct weft__cqe {
   int32_t res;    /* the operation's result: >= 0, or -errno */
   uint32_t flags; /* WEFT_CQE_* */
@@ -189,6 +218,9 @@ int weft__io_connect(struct weft__shard *sh, int fd,
                      const struct sockaddr *addr, unsigned addrlen,
                      struct weft__ioh *h);
 int weft__io_poll_in(struct weft__shard *sh, int fd, struct weft__ioh *h);
+/* A file operation, completed with its result (WEFT_OP_FILE). */
+int weft__io_file(struct weft__shard *sh, const struct weft__fileop *op,
+                  struct weft__ioh *h);
 /* An accept that never waits in the kernel (rt->io.ring_accept); hold's
  * count, raised by the caller, drops once the entry has been entered. */
 int weft__io_accept(struct weft__shard *sh, int fd, int flags,

@@ -77,6 +77,9 @@ static inline uint64_t tag(struct weft__ioh *h, unsigned op) {
 
 /* Set by the probe ring (once per process, as io.c caches the probe). */
 static _Atomic uint32_t accept_nowait;
+static _Atomic uint32_t files_ok;
+
+bool weft__uring_files_ok(void) { return weft__load(&files_ok, WA_ACQ) != 0; }
 
 bool weft__uring_accept_nowait(void) {
   return weft__load(&accept_nowait, WA_ACQ) != 0;
@@ -128,6 +131,16 @@ static int probe_ok(struct io_uring *ring) {
   for (size_t i = 0; i < sizeof(ops) / sizeof(ops[0]); i++)
     if (!io_uring_opcode_supported(p, ops[i]))
       r = -ENOSYS;
+  /* Files: through the ring where the kernel has every opcode (5.6), else
+   * through the blocking pool (fs.c). */
+  static const int fops[] = {
+      IORING_OP_READ,  IORING_OP_WRITE,  IORING_OP_READV, IORING_OP_WRITEV,
+      IORING_OP_FSYNC, IORING_OP_OPENAT, IORING_OP_STATX};
+  bool fok = true;
+  for (size_t i = 0; i < sizeof(fops) / sizeof(fops[0]); i++)
+    fok = fok && io_uring_opcode_supported(p, fops[i]);
+  if (fok)
+    weft__store(&files_ok, 1, WA_REL);
   io_uring_free_probe(p);
   if (!r)
     probe_accept(ring);
@@ -430,6 +443,45 @@ int weft__uring_poll_in(struct weft__io *io, int fd, struct weft__ioh *h) {
     return -EAGAIN;
   io_uring_prep_poll_add(sqe, fd, POLLIN);
   io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_POLLIN));
+  return 0;
+}
+
+int weft__uring_file(struct weft__io *io, const struct weft__fileop *op,
+                     struct weft__ioh *h) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  switch (op->kind) {
+  case WEFT_FOP_READ:
+    io_uring_prep_read(sqe, op->fd, op->buf, (unsigned)op->len, op->off);
+    break;
+  case WEFT_FOP_WRITE:
+    io_uring_prep_write(sqe, op->fd, op->buf, (unsigned)op->len, op->off);
+    break;
+  case WEFT_FOP_READV:
+    io_uring_prep_readv(sqe, op->fd, op->iov, (unsigned)op->len, op->off);
+    break;
+  case WEFT_FOP_WRITEV:
+    io_uring_prep_writev(sqe, op->fd, op->iov, (unsigned)op->len, op->off);
+    break;
+  case WEFT_FOP_FSYNC:
+  case WEFT_FOP_FDATASYNC:
+    io_uring_prep_fsync(sqe, op->fd,
+                        op->kind == WEFT_FOP_FDATASYNC ? IORING_FSYNC_DATASYNC
+                                                       : 0);
+    break;
+  case WEFT_FOP_OPEN:
+    io_uring_prep_openat(sqe, op->fd, op->path, op->flags, op->mode);
+    break;
+  case WEFT_FOP_CLOSE:
+    io_uring_prep_close(sqe, op->fd);
+    break;
+  default: /* WEFT_FOP_STATX */
+    io_uring_prep_statx(sqe, op->fd, op->path, op->flags, STATX_BASIC_STATS,
+                        op->stx);
+    break;
+  }
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_FILE));
   return 0;
 }
 

@@ -17,6 +17,8 @@ void weft__uring_teardown(struct weft__io *io);
 /* Whether accepts that never wait in the kernel exist (IORING_ACCEPT_
  * DONTWAIT, 6.10), as the probe ring found. */
 bool weft__uring_accept_nowait(void);
+/* Whether the probe ring had every file opcode weft__uring_file uses. */
+bool weft__uring_files_ok(void);
 /* Enters the ring to submit what is prepared. Never reaps: what a full CQ
  * or a lack of memory leaves goes with a later enter. */
 void weft__uring_submit(struct weft__io *io);
@@ -42,6 +44,8 @@ int weft__uring_connect(struct weft__io *io, int fd,
                         const struct sockaddr *addr, unsigned addrlen,
                         struct weft__ioh *h);
 int weft__uring_poll_in(struct weft__io *io, int fd, struct weft__ioh *h);
+int weft__uring_file(struct weft__io *io, const struct weft__fileop *op,
+                     struct weft__ioh *h);
 int weft__uring_accept(struct weft__io *io, int fd, int flags,
                        struct weft__ioh *h, struct weft__io_hold *hold);
 int weft__uring_cancel(struct weft__io *io, uint64_t tag, bool now);
