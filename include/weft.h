@@ -1002,6 +1002,57 @@ WEFT_API int weft_udp_local_addr(weft_udp *u, struct sockaddr *addr,
  * returned. */
 WEFT_API int weft_udp_close(weft_udp *u);
 
+/* ---- child processes
+ * ----------------------------------------------------------- weft_spawn starts
+ * a program and calls fn once, on strand s, when it has ended; weft reaps it
+ * (through a pidfd, Linux 5.3: no SIGCHLD handler is taken, and no zombie is
+ * left). Its stdin, stdout and stderr can each be a stream to the parent: a
+ * weft_tcp connection over a Unix socket pair, on strand s, with every call of
+ * the TCP section (read, write, weft_tcp_shutdown to send EOF to the child's
+ * stdin, a close callback of its own). A shutdown of the runtime kills
+ * (SIGKILL) and reaps the children still running: their exit callbacks report
+ * it. */
+typedef struct weft_process weft_process;
+
+/* exit_code: the program's exit status (term_signal 0), or 0 when
+ * term_signal, the signal that ended it, is not 0. p is gone once fn
+ * returns. */
+typedef void (*weft_exit_fn)(void *arg, weft_process *p, int exit_code,
+                             int term_signal);
+
+/* weft_spawn_opts.stdio[i] */
+#define WEFT_STDIO_INHERIT 0 /* the parent's own descriptor i */
+#define WEFT_STDIO_NULL 1    /* /dev/null */
+#define WEFT_STDIO_PIPE 2    /* a stream to the parent (*streams[i]) */
+
+typedef struct weft_spawn_opts {
+  const char *const *argv; /* argv[0]: the program, searched in PATH
+                              when it has no '/'; NULL-terminated */
+  const char *const *envp; /* NULL: the parent's environment */
+  const char *cwd;         /* NULL: the parent's working directory */
+  int stdio[3];            /* WEFT_STDIO_*, for stdin, stdout, stderr */
+} weft_spawn_opts;
+
+/* Starts o->argv. *out (may be NULL) names the process until fn has
+ * returned; streams[i] receives the stream of each WEFT_STDIO_PIPE (NULL
+ * for the others; streams may be NULL if there is none). The child starts
+ * with no signal blocked and its streams blocking, as a program expects.
+ * Must be called on strand s when it makes streams (their close callbacks
+ * are set there: weft_tcp_set_data before the handler returns). Errors
+ * (nothing started): -EINVAL, -EXDEV, -EBADF (s released), -EPERM (streams
+ * asked for off strand s), -ENOENT and -EACCES (the program), -EMFILE,
+ * -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend NONE), -ENOSYS (no pidfd). */
+WEFT_API int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
+                        weft_exit_fn fn, void *arg, weft_process **out,
+                        weft_tcp *streams[3]);
+
+/* Sends signo to p (pidfd_send_signal: never to a process that reused
+ * its pid). Errors: -EINVAL, -ESRCH (it has ended; its exit callback is
+ * coming). Only until p's exit callback has returned. Any thread. */
+WEFT_API int weft_process_kill(weft_process *p, int signo);
+/* p's process id. Any thread, until its exit callback has returned. */
+WEFT_API int weft_process_pid(const weft_process *p);
+
 typedef struct weft_shard_stats {
   uint64_t handlers_run;       /* handlers run */
   uint64_t handlers_cancelled; /* handlers not run at CANCEL shutdown: their

@@ -31,6 +31,7 @@
 #include "listen.h"
 #include "monitor.h"
 #include "park.h"
+#include "process.h"
 #include "shard.h"
 #include "signal.h"
 #include "sock.h"
@@ -130,6 +131,7 @@ static void prefill(weft_rt *rt, struct weft__shard *sh) {
 static void rt_free(weft_rt *rt) {
   weft__listen_destroy(rt);
   weft__udp_destroy(rt);
+  weft__process_destroy(rt);
   weft__tcp_destroy(rt);
   weft__io_destroy(rt);
   if (rt->arena) {
@@ -339,6 +341,7 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   weft__tcp_init(rt);
   weft__listen_init(rt);
   weft__udp_init(rt);
+  weft__process_init(rt);
   /* EINVAL: below this platform's PTHREAD_STACK_MIN */
   r = pthread_attr_setstacksize(&rt->th.attr, c->stack_size);
   if (r)

@@ -87,6 +87,7 @@ struct weft_rt {
     struct weft__pool conn_pool;     /* connections */
     struct weft__pool lsock_pool;    /* listening sockets */
     struct weft__pool udp_pool;      /* UDP sockets (udp.c) */
+    struct weft__pool proc_pool;     /* child processes (process.c) */
     struct weft__pool send_pool;     /* uring: sends in the kernel */
     _Atomic uint64_t live;           /* sockets not yet freed */
     _Atomic uint32_t rr;             /* home shard of sockets made outside */

@@ -92,11 +92,12 @@ static void sock_run1(void *arg) { sock_run(arg, 1); }
  */
 
 /* Each kind's memory: connections from the shard's cache, listening and
- * UDP sockets (few, long-lived) from the depot. */
+ * UDP sockets and child processes (few, long-lived) from the depot. */
 static struct weft__pool *pool_of(weft_rt *rt, int kind) {
   return kind == SK_CONN     ? &rt->net.conn_pool
          : kind == SK_LISTEN ? &rt->net.lsock_pool
-                             : &rt->net.udp_pool;
+         : kind == SK_UDP    ? &rt->net.udp_pool
+                             : &rt->net.proc_pool;
 }
 
 static struct weft__pool_cache *cache_of(struct weft__shard *sh, int kind) {

@@ -57,7 +57,7 @@
 /* a tag for signals that need no generation check */
 #define WEFT_GEN_ANY UINT32_MAX
 
-enum { SK_CONN = 0, SK_LISTEN = 1, SK_UDP = 2 };
+enum { SK_CONN = 0, SK_LISTEN = 1, SK_UDP = 2, SK_PROC = 3 };
 /* state: only forward */
 enum {
   ST_NEW = 0,    /* accepted, callback not yet delivered */

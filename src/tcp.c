@@ -827,8 +827,10 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr,
   if (weft__forked(rt))
     return -ECHILD;
   int r = check_addr(addr, addrlen);
-  if (r)
-    return r;
+  return r ? r : weft__tcp_check_rt(rt);
+}
+
+int weft__tcp_check_rt(weft_rt *rt) {
   if (rt->io.backend == WEFT_BACKEND_NONE)
     return -ENOTSUP;
   if (weft__load(&rt->life.closing, WA_ACQ))
@@ -881,6 +883,25 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
   }
   *out = (weft_tcp *)c;
   weft__sock_notify(&c->s, EV_CONNECT);
+  return 0;
+}
+
+int weft__tcp_adopt(weft_rt *rt, weft_strand *s, int fd, weft_tcp **out) {
+  unsigned home = weft__sock_home(rt);
+  struct weft__conn *c;
+  int r = conn_new(&c, rt, fd, s);
+  if (r) {
+    close(fd);
+    return r;
+  }
+  c->s.state = ST_OPEN;
+  c->readable = c->writable = true;
+  r = weft__sock_register(&c->s, home, true);
+  if (r) {
+    weft__sock_discard(&c->s); /* closes fd */
+    return r;
+  }
+  *out = (weft_tcp *)c;
   return 0;
 }
 

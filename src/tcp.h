@@ -126,6 +126,9 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd);
  * backend, the runtime's state (and setting up the backends); a socket of
  * the address's family that the backend can serve. */
 int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen);
+/* The same without an address: -ENOTSUP (backend NONE), -ESHUTDOWN, or
+ * the backends' setup (weft__io_ensure). */
+int weft__tcp_check_rt(weft_rt *rt);
 /* On the strand: weft closes c by itself (a shutdown, a failed connect, a
  * timeout), unless a weft_tcp_close came first. */
 void weft__tcp_close_self(struct weft__conn *c);
@@ -137,5 +140,9 @@ int weft__tcp_usable(const struct weft__conn *c, const char *what);
 /* A call made off c's strand: logs which (WEFT_LOG_DEBUG), -EPERM. */
 int weft__tcp_off_strand(const struct weft__conn *c, const char *what);
 int weft__tcp_socket(weft_rt *rt, int family);
+/* A connection over fd, a connected stream socket (a socketpair's end:
+ * process.c), open at once on strand s (NULL: its own). fd is the
+ * connection's from now on, even on error. 0, -ENOMEM, -ESHUTDOWN. */
+int weft__tcp_adopt(weft_rt *rt, weft_strand *s, int fd, weft_tcp **out);
 
 #endif

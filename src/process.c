@@ -1,0 +1,323 @@
+/*
+ * process.c - child processes (weft_spawn): starting a program with
+ * posix_spawn, its stdio as streams (socket pairs adopted as connections,
+ * tcp.c), and its end, watched through a pidfd. Owns struct weft_process
+ * (an object of sock.h's kind SK_PROC whose descriptor is the pidfd) and
+ * its pool.
+ *
+ * A pidfd becomes readable when its process ends; that readiness comes as
+ * any socket's does (epoll's edge, or a one-shot poll in the io_uring
+ * ring), and the strand then reaps with waitid(P_PIDFD, WNOHANG). Nothing
+ * waits on SIGCHLD, so the application keeps that signal to itself, and a
+ * pid that another process reused is never waited for or signalled (the
+ * pidfd names this process only; weft_process_kill uses
+ * pidfd_send_signal). One caveat no pidfd removes: an application thread
+ * that calls waitpid(-1) may reap the child first; weft then reports the
+ * end it can see (term_signal 0, exit code 0) when waitid fails with
+ * ECHILD.
+ *
+ * At a shutdown a child still running is killed and reaped on its strand
+ * (waitid without WNOHANG returns as soon as SIGKILL has ended it), so no
+ * zombie outlives the runtime and every exit callback runs once.
+ */
+#include "process.h"
+
+#include "rt.h"
+#include "sock.h"
+#include "tcp.h"
+#include "thread.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef P_PIDFD
+#define P_PIDFD 3
+#endif
+
+#define EV_POLLED (EV_KIND << 0) /* uring: the poll of the pidfd completed */
+
+extern char **environ;
+
+struct weft_process {
+  struct weft__sock s;
+  weft_exit_fn fn;
+  void *arg;
+  pid_t pid;
+  bool polling;
+};
+
+static int pidfd_open(pid_t pid) {
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  return fd < 0 ? -errno : fd;
+}
+
+static int pidfd_signal(int fd, int signo) {
+  return syscall(SYS_pidfd_send_signal, fd, signo, NULL, 0) < 0 ? -errno : 0;
+}
+
+/* ---- the strand's handler --------------------------------------------------
+ */
+
+static void ended(struct weft_process *p, const siginfo_t *si) {
+  int code = 0, sig = 0;
+  if (si && si->si_code == CLD_EXITED)
+    code = si->si_status;
+  else if (si)
+    sig = si->si_status; /* CLD_KILLED, CLD_DUMPED */
+  p->s.state = ST_CLOSED;
+  weft__calling((void *)p->fn);
+  p->fn(p->arg, p, code, sig);
+  weft__sock_close_fd(&p->s);
+  weft__sock_free(&p->s);
+}
+
+/* Reaps p if it has ended (wait: until it has); true if it had. */
+static bool reap(struct weft_process *p, bool wait) {
+  siginfo_t si;
+  memset(&si, 0, sizeof(si));
+  int r;
+  do
+    r = waitid(P_PIDFD, (id_t)p->s.fd, &si, WEXITED | (wait ? 0 : WNOHANG));
+  while (r < 0 && errno == EINTR);
+  if (r < 0) { /* ECHILD: reaped by someone else (see the top) */
+    ended(p, NULL);
+    return true;
+  }
+  if (si.si_pid == 0)
+    return false; /* still running */
+  ended(p, &si);
+  return true;
+}
+
+static void poll_submit(struct weft_process *p) {
+  struct weft__shard *sh = weft__local_begin(p->s.rt);
+  p->polling = weft__io_poll_in(sh, p->s.fd, &p->s.ioh) == 0;
+  weft__local_end(sh);
+  if (!p->polling)
+    weft__sock_kick(&p->s);
+}
+
+static void proc_run(struct weft__sock *s, uint32_t bits) {
+  struct weft_process *p = (struct weft_process *)s;
+  if (bits & EV_POLLED)
+    p->polling = false;
+  if (s->state != ST_OPEN)
+    return;
+  if (bits & EV_SHUTDOWN) {
+    pidfd_signal(s->fd, SIGKILL);
+    if (!p->polling) {
+      reap(p, true);
+      return;
+    }
+    /* uring: the poll ends once the child has; reaped then */
+  }
+  if (reap(p, false))
+    return;
+  if (weft__io_completes(s->rt) && !p->polling)
+    poll_submit(p);
+}
+
+static void proc_done(struct weft__ioh *h, struct weft__shard *local,
+                      unsigned op, const struct weft__cqe *c) {
+  (void)op;
+  (void)c;
+  weft__sock_signal(local, weft__sock_of(h), EV_POLLED, WEFT_GEN_ANY);
+}
+
+/* ---- spawning --------------------------------------------------------------
+ */
+
+struct stdio_fds {
+  int parent[3], child[3];
+};
+
+static void fds_close(struct stdio_fds *f) {
+  for (int i = 0; i < 3; i++) {
+    if (f->parent[i] >= 0)
+      close(f->parent[i]);
+    if (f->child[i] >= 0)
+      close(f->child[i]);
+    f->parent[i] = f->child[i] = -1;
+  }
+}
+
+/* The file actions for o->stdio; socket pairs made for the pipes. */
+static int stdio_setup(weft_rt *rt, const weft_spawn_opts *o,
+                       posix_spawn_file_actions_t *fa, struct stdio_fds *f) {
+  for (int i = 0; i < 3; i++) {
+    int sv[2];
+    switch (o->stdio[i]) {
+    case WEFT_STDIO_INHERIT:
+      break;
+    case WEFT_STDIO_NULL:
+      if (posix_spawn_file_actions_addopen(fa, i, "/dev/null",
+                                           i ? O_WRONLY : O_RDONLY, 0))
+        return -ENOMEM;
+      break;
+    case WEFT_STDIO_PIPE:
+      /* The child's end stays blocking, as programs expect of stdio. */
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+        return -errno;
+      f->parent[i] = sv[0];
+      f->child[i] = sv[1];
+      if (weft__io_sock_flags(rt) & SOCK_NONBLOCK &&
+          fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK) < 0)
+        return -errno;
+      if (posix_spawn_file_actions_adddup2(fa, sv[1], i))
+        return -ENOMEM;
+      break;
+    default:
+      return -EINVAL;
+    }
+  }
+  return 0;
+}
+
+static int start(weft_rt *rt, const weft_spawn_opts *o, struct stdio_fds *f,
+                 pid_t *pid) {
+  posix_spawn_file_actions_t fa;
+  posix_spawnattr_t at;
+  if (posix_spawn_file_actions_init(&fa))
+    return -ENOMEM;
+  if (posix_spawnattr_init(&at)) {
+    posix_spawn_file_actions_destroy(&fa);
+    return -ENOMEM;
+  }
+  /* The calling thread may block signals (weft's own threads do): the
+   * child starts with none blocked. */
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&at, &none);
+  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
+  int r = stdio_setup(rt, o, &fa, f);
+  if (!r && o->cwd && posix_spawn_file_actions_addchdir_np(&fa, o->cwd))
+    r = -ENOMEM;
+  if (!r)
+    r = -posix_spawnp(pid, o->argv[0], &fa, &at, (char *const *)o->argv,
+                      o->envp ? (char *const *)o->envp : environ);
+  posix_spawn_file_actions_destroy(&fa);
+  posix_spawnattr_destroy(&at);
+  for (int i = 0; i < 3; i++)
+    if (f->child[i] >= 0) {
+      close(f->child[i]);
+      f->child[i] = -1;
+    }
+  return r;
+}
+
+static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
+                 weft_exit_fn fn, weft_tcp *streams[3]) {
+  if (!rt || !o || !o->argv || !o->argv[0] || !fn)
+    return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
+  if (s && s->rt != rt)
+    return -EXDEV;
+  if (s && !weft__strand_live(s))
+    return -EBADF;
+  bool pipes = false;
+  for (int i = 0; i < 3; i++) {
+    if (o->stdio[i] < WEFT_STDIO_INHERIT || o->stdio[i] > WEFT_STDIO_PIPE)
+      return -EINVAL;
+    pipes |= o->stdio[i] == WEFT_STDIO_PIPE;
+  }
+  if (pipes && (!streams || !s))
+    return -EINVAL;
+  if (pipes && weft_strand_current() != s)
+    return -EPERM;
+  return weft__tcp_check_rt(rt);
+}
+
+/* A spawned child that weft will not watch: killed and reaped. */
+static void abandon(pid_t pid) {
+  kill(pid, SIGKILL);
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+    ;
+}
+
+int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
+               weft_exit_fn fn, void *arg, weft_process **out,
+               weft_tcp *streams[3]) {
+  int r = check(rt, s, o, fn, streams);
+  if (r)
+    return r;
+  struct stdio_fds f = {{-1, -1, -1}, {-1, -1, -1}};
+  pid_t pid;
+  if ((r = start(rt, o, &f, &pid))) {
+    fds_close(&f);
+    return r;
+  }
+  int pfd = pidfd_open(pid);
+  struct weft__sock *sk = NULL;
+  if (pfd < 0) {
+    r = pfd;
+  } else if ((r = weft__sock_new(&sk, rt, SK_PROC, pfd, s, proc_run,
+                                 proc_done))) {
+    close(pfd);
+  }
+  if (r) {
+    abandon(pid);
+    fds_close(&f);
+    return r;
+  }
+  struct weft_process *p = (struct weft_process *)sk;
+  p->fn = fn;
+  p->arg = arg;
+  p->pid = pid;
+  p->s.state = ST_OPEN;
+  if (streams)
+    streams[0] = streams[1] = streams[2] = NULL;
+  for (int i = 0; i < 3 && !r; i++)
+    if (f.parent[i] >= 0) {
+      r = weft__tcp_adopt(rt, s, f.parent[i], &streams[i]);
+      f.parent[i] = -1; /* the stream's now, even on error */
+    }
+  if (!r)
+    r = weft__sock_register(&p->s, weft__sock_home(rt), false);
+  if (r) {
+    for (int i = 0; streams && i < 3; i++)
+      if (streams[i]) {
+        weft_tcp_close(streams[i], 1);
+        streams[i] = NULL;
+      }
+    abandon(pid);
+    fds_close(&f);
+    weft__sock_discard(sk);
+    return r;
+  }
+  if (out)
+    *out = p;
+  weft__sock_kick(&p->s); /* uring: its first poll; epoll: a first look */
+  return 0;
+}
+
+int weft_process_kill(weft_process *p, int signo) {
+  if (!p || p->s.kind != SK_PROC || signo < 0 || signo >= NSIG)
+    return -EINVAL;
+  if (weft__forked(p->s.rt))
+    return -ECHILD;
+  return pidfd_signal(p->s.fd, signo);
+}
+
+int weft_process_pid(const weft_process *p) {
+  return p && p->s.kind == SK_PROC ? (int)p->pid : -EINVAL;
+}
+
+/* ---- the runtime's side ----------------------------------------------------
+ */
+
+void weft__process_init(weft_rt *rt) {
+  weft__pool_init(&rt->net.proc_pool, sizeof(struct weft_process));
+}
+
+void weft__process_destroy(weft_rt *rt) {
+  weft__pool_destroy(&rt->net.proc_pool);
+}
