@@ -15,10 +15,14 @@
  * reads and its CPU time (getrusage) over the span. Figures: medians of
  * reads per second and CPU microseconds per read. Last line: one JSON
  * object.
+ *
+ * bench/resolve_isolation runs the weft reader of this program too, with
+ * FILE_READ_HANG=N: N name lookups that never end are started first.
  */
 #include <weft.h>
 
 #include <errno.h>
+#include <netdb.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -69,6 +73,24 @@ typedef struct rd {
 
 static weft_rt *g_rt;
 
+static void lookup_done(void *arg, int status, struct addrinfo *res) {
+  (void)arg;
+  (void)status;
+  (void)res;
+}
+
+/* N lookups that never end (bench/peers/hang_resolver.c makes the names
+ * under .hang.test hang). */
+static int hang_lookups(int n) {
+  for (int i = 0; i < n; i++) {
+    char name[64];
+    snprintf(name, sizeof(name), "h%d.hang.test", i);
+    if (weft_resolve(g_rt, NULL, name, "80", NULL, lookup_done, NULL, NULL))
+      return 1;
+  }
+  return 0;
+}
+
 static void on_read(void *arg, long result) {
   rd *r = arg;
   if (result == 4096)
@@ -99,6 +121,10 @@ static int weft_reader(int inflight, double secs) {
   for (int i = 0; i < 4; i++)
     if (weft_strand_create(g_rt, &ss[i]) < 0)
       return 1;
+  const char *hang = getenv("FILE_READ_HANG");
+  int nhang = hang ? atoi(hang) : 0;
+  if (hang_lookups(nhang))
+    return 1;
   double c0 = cpu_s();
   uint64_t t0 = now_ns();
   g_end_ns = t0 + (uint64_t)(secs * 1e9);
@@ -109,10 +135,19 @@ static int weft_reader(int inflight, double secs) {
     rds[i] = (rd){.rt = g_rt, .s = ss[i % 4], .seed = (uint64_t)i + 1};
     weft_post(ss[i % 4], start_reads, &rds[i]);
   }
-  weft_rt_wait(g_rt, UINT64_MAX);
+  if (nhang) { /* the shutdown would wait for the lookups: never */
+    while (atomic_load(&g_live) > 0)
+      usleep(1000);
+  } else {
+    weft_rt_wait(g_rt, UINT64_MAX);
+  }
   double el = (double)(now_ns() - t0) / 1e9;
   printf("{\"reads\":%llu,\"seconds\":%.3f,\"cpu_s\":%.3f}\n",
          (unsigned long long)atomic_load(&g_reads), el, cpu_s() - c0);
+  if (nhang) {
+    fflush(stdout);
+    _exit(0);
+  }
   for (int i = 0; i < 4; i++)
     weft_strand_release(ss[i]);
   weft_rt_destroy(g_rt);
@@ -153,27 +188,36 @@ static int floor_reader(double secs) {
 typedef struct reader {
   const char *name;
   double rps[MAX_ROUNDS], cpu_us[MAX_ROUNDS];
-  bool ok;
 } reader;
 
-static bool run_one(reader *rd_, char *const argv[], const char *env, int r) {
-  if (env)
-    putenv((char *)env);
+/* Runs one reader process (argv) with envs ("K=V", NULL-terminated) set
+ * for it; records its rate and CPU per read for round r. zero_ok: a run
+ * that read nothing is a result (a reader whose pool hangs). */
+static bool run_one(reader *rd_, char *const argv[], const char *const *envs,
+                    bool zero_ok, int r) {
+  char keys[4][64];
+  int n = 0;
+  for (; envs && envs[n] && n < 4; n++) {
+    const char *eq = strchr(envs[n], '=');
+    snprintf(keys[n], sizeof(keys[n]), "%.*s", (int)(eq - envs[n]), envs[n]);
+    setenv(keys[n], eq + 1, 1);
+  }
   char *out = bench_capture(argv);
-  if (env)
-    unsetenv("WEFT_URING_FILES");
+  while (n-- > 0)
+    unsetenv(keys[n]);
   double reads, secs, cpu;
   if (!out || !bench_json_num(out, "reads", &reads) ||
       !bench_json_num(out, "seconds", &secs) ||
-      !bench_json_num(out, "cpu_s", &cpu) || secs <= 0 || reads <= 0) {
+      !bench_json_num(out, "cpu_s", &cpu) || secs <= 0 ||
+      (reads <= 0 && !zero_ok)) {
     fprintf(stderr, "file_read: %s failed\n", rd_->name);
     free(out);
     return false;
   }
   free(out);
   rd_->rps[r] = reads / secs;
-  rd_->cpu_us[r] = cpu * 1e6 / reads;
-  fprintf(stderr, "round %d %-10s %10.0f reads/s %6.2f us CPU each\n", r + 1,
+  rd_->cpu_us[r] = reads > 0 ? cpu * 1e6 / reads : 0;
+  fprintf(stderr, "round %d %-14s %10.0f reads/s %6.2f us CPU each\n", r + 1,
           rd_->name, rd_->rps[r], rd_->cpu_us[r]);
   return true;
 }
@@ -184,10 +228,126 @@ static double med(const double *v, int n) {
   return bench_median(c, n);
 }
 
+static struct {
+  double secs;
+  int rounds, inflight, hang;
+  unsigned mib;
+  char path[64], size_s[32], secs_s[32], infl_s[32], hang_s[32];
+  char uv[512], preload[600];
+  bool have_uv, have_preload;
+} g;
+
+/* A file of g.mib MiB, written and read once: in the page cache. */
+static bool make_file(void) {
+  snprintf(g.path, sizeof(g.path), "/tmp/weft-file-read-XXXXXX");
+  int fd = mkstemp(g.path);
+  if (fd < 0)
+    return false;
+  g_size = (uint64_t)g.mib << 20;
+  static char chunk[1 << 20];
+  memset(chunk, 'f', sizeof(chunk));
+  bool ok = true;
+  for (unsigned i = 0; ok && i < g.mib; i++)
+    ok = write(fd, chunk, sizeof(chunk)) == (ssize_t)sizeof(chunk);
+  for (unsigned i = 0; ok && i < g.mib; i++)
+    ok = pread(fd, chunk, sizeof(chunk), (off_t)i << 20) >= 0;
+  close(fd);
+  snprintf(g.size_s, sizeof(g.size_s), "%llu", (unsigned long long)g_size);
+  snprintf(g.secs_s, sizeof(g.secs_s), "%.3f", g.secs);
+  snprintf(g.infl_s, sizeof(g.infl_s), "%d", g.inflight);
+  snprintf(g.hang_s, sizeof(g.hang_s), "%d", g.hang);
+  return ok;
+}
+
+/* The four readers, in turn; the JSON line. */
+static int compare(char *self) {
+  reader rs[4] = {{.name = "weft"},
+                  {.name = "weft_pool"},
+                  {.name = "uv"},
+                  {.name = "floor"}};
+  char *argv_w[] = {self, "--child", "weft", g.path, g.size_s, g.secs_s, NULL};
+  char *argv_f[] = {self, "--child", "floor", g.path, g.size_s, g.secs_s, NULL};
+  char *argv_u[] = {g.uv, g.path, g.size_s, g.infl_s, g.secs_s, NULL};
+  const char *pool[] = {"WEFT_URING_FILES=pool", NULL};
+  for (int r = 0; r < g.rounds; r++)
+    for (int k = 0; k < 4; k++) {
+      int i = (k + r) % 4;
+      if ((i == 0 && !run_one(&rs[0], argv_w, NULL, false, r)) ||
+          (i == 1 && !run_one(&rs[1], argv_w, pool, false, r)) ||
+          (i == 2 && g.have_uv && !run_one(&rs[2], argv_u, NULL, false, r)) ||
+          (i == 3 && !run_one(&rs[3], argv_f, NULL, false, r)))
+        return 1;
+    }
+  printf("%-10s %12s %16s\n", "reader", "reads/s", "CPU us/read");
+  for (int k = 0; k < 4; k++)
+    if (k != 2 || g.have_uv)
+      printf("%-10s %12.0f %16.3f\n", rs[k].name, med(rs[k].rps, g.rounds),
+             med(rs[k].cpu_us, g.rounds));
+  double wr = med(rs[0].rps, g.rounds), wc = med(rs[0].cpu_us, g.rounds);
+  printf("{\"bench\":\"file_read\",\"inflight\":%d,\"mib\":%u,\"rounds\":%d",
+         g.inflight, g.mib, g.rounds);
+  for (int k = 0; k < 4; k++)
+    if (k != 2 || g.have_uv)
+      printf(",\"%s_rps\":%.0f,\"%s_cpu_us\":%.3f", rs[k].name,
+             med(rs[k].rps, g.rounds), rs[k].name, med(rs[k].cpu_us, g.rounds));
+  if (g.have_uv)
+    printf(",\"weft_vs_uv_rps\":%.3f,\"weft_vs_uv_cpu\":%.3f",
+           wr / med(rs[2].rps, g.rounds), wc / med(rs[2].cpu_us, g.rounds));
+  printf(",\"weft_vs_floor_rps\":%.3f,\"weft_vs_floor_cpu\":%.3f}\n",
+         wr / med(rs[3].rps, g.rounds), wc / med(rs[3].cpu_us, g.rounds));
+  return 0;
+}
+
+/* --hang N: each pool-based reader (weft through its blocking pool, libuv)
+ * unloaded and with N lookups that never end started first, in turn; the
+ * ratio of the loaded rate to the unloaded one says whether slow lookups
+ * hold the threads file reads need. The JSON line. */
+static int isolation(char *self) {
+  if (!g.have_preload) {
+    fprintf(stderr, "file_read: --hang needs bench/peers' hang_resolver\n");
+    return 1;
+  }
+  reader rs[4] = {{.name = "weft_pool"},
+                  {.name = "weft_pool_hang"},
+                  {.name = "uv"},
+                  {.name = "uv_hang"}};
+  char *argv_w[] = {self, "--child", "weft", g.path, g.size_s, g.secs_s, NULL};
+  char *argv_u[] = {g.uv, g.path, g.size_s, g.infl_s, g.secs_s, NULL};
+  char *argv_uh[] = {g.uv,     g.path,   g.size_s, g.infl_s,
+                     g.secs_s, g.hang_s, NULL};
+  char hang_env[48];
+  snprintf(hang_env, sizeof(hang_env), "FILE_READ_HANG=%d", g.hang);
+  const char *plain[] = {"WEFT_URING_FILES=pool", g.preload, NULL};
+  const char *loaded[] = {"WEFT_URING_FILES=pool", g.preload, hang_env, NULL};
+  const char *uvenv[] = {g.preload, NULL};
+  for (int r = 0; r < g.rounds; r++)
+    for (int k = 0; k < 4; k++) {
+      int i = (k + r) % 4;
+      if ((i == 0 && !run_one(&rs[0], argv_w, plain, false, r)) ||
+          (i == 1 && !run_one(&rs[1], argv_w, loaded, true, r)) ||
+          (i == 2 && g.have_uv && !run_one(&rs[2], argv_u, uvenv, false, r)) ||
+          (i == 3 && g.have_uv && !run_one(&rs[3], argv_uh, uvenv, true, r)))
+        return 1;
+    }
+  double w0 = med(rs[0].rps, g.rounds), w1 = med(rs[1].rps, g.rounds);
+  printf("{\"bench\":\"resolve_isolation\",\"hung_lookups\":%d,"
+         "\"rounds\":%d,\"weft_pool_rps\":%.0f,\"weft_pool_hang_rps\":%.0f,"
+         "\"weft_ratio\":%.3f",
+         g.hang, g.rounds, w0, w1, w0 > 0 ? w1 / w0 : 0);
+  if (g.have_uv) {
+    double u0 = med(rs[2].rps, g.rounds), u1 = med(rs[3].rps, g.rounds);
+    printf(",\"uv_rps\":%.0f,\"uv_hang_rps\":%.0f,\"uv_ratio\":%.3f", u0, u1,
+           u0 > 0 ? u1 / u0 : 0);
+  }
+  printf("}\n");
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  double secs = 2;
-  int rounds = 5, inflight = 64;
-  unsigned mib = 64;
+  g.secs = 2;
+  g.rounds = 5;
+  g.inflight = 64;
+  g.mib = 64;
   if (argc == 6 && !strcmp(argv[1], "--child")) {
     g_fd = open(argv[3], O_RDONLY | O_CLOEXEC);
     g_size = strtoull(argv[4], NULL, 10);
@@ -199,87 +359,37 @@ int main(int argc, char **argv) {
   }
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--seconds"))
-      secs = atof(argv[i + 1]);
+      g.secs = atof(argv[i + 1]);
     else if (!strcmp(argv[i], "--rounds"))
-      rounds = atoi(argv[i + 1]);
+      g.rounds = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--inflight"))
-      inflight = atoi(argv[i + 1]);
+      g.inflight = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--mib"))
-      mib = (unsigned)atoi(argv[i + 1]);
+      g.mib = (unsigned)atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--hang"))
+      g.hang = atoi(argv[i + 1]);
     else
       goto usage;
   }
-  if (argc % 2 == 0 || secs <= 0 || rounds < 1 || rounds > MAX_ROUNDS ||
-      inflight < 1 || inflight > MAX_INFLIGHT || mib < 1 || mib > 4096)
+  if (argc % 2 == 0 || g.secs <= 0 || g.rounds < 1 || g.rounds > MAX_ROUNDS ||
+      g.inflight < 1 || g.inflight > MAX_INFLIGHT || g.mib < 1 ||
+      g.mib > 4096 || g.hang < 0 || g.hang > 1024)
     goto usage;
-  char path[] = "/tmp/weft-file-read-XXXXXX";
-  int fd = mkstemp(path);
-  if (fd < 0)
+  char inf_env[64], lib[512];
+  snprintf(inf_env, sizeof(inf_env), "FILE_READ_INFLIGHT=%d", g.inflight);
+  putenv(inf_env);
+  g.have_uv = bench_peer_path("uv_file_read", g.uv, sizeof(g.uv));
+  g.have_preload = bench_peer_path("libhang_resolver.so", lib, sizeof(lib));
+  snprintf(g.preload, sizeof(g.preload), "LD_PRELOAD=%s", lib);
+  if (!make_file()) {
+    unlink(g.path);
     return 1;
-  g_size = (uint64_t)mib << 20;
-  static char chunk[1 << 20];
-  memset(chunk, 'f', sizeof(chunk));
-  for (unsigned i = 0; i < mib; i++)
-    if (write(fd, chunk, sizeof(chunk)) != (ssize_t)sizeof(chunk))
-      return 1;
-  for (unsigned i = 0; i < mib; i++) /* into the page cache */
-    if (pread(fd, chunk, sizeof(chunk), (off_t)i << 20) < 0)
-      return 1;
-  close(fd);
-  char size_s[32], secs_s[32], infl_s[32], env_infl[64], uvpath[512];
-  snprintf(size_s, sizeof(size_s), "%llu", (unsigned long long)g_size);
-  snprintf(secs_s, sizeof(secs_s), "%.3f", secs);
-  snprintf(infl_s, sizeof(infl_s), "%d", inflight);
-  snprintf(env_infl, sizeof(env_infl), "FILE_READ_INFLIGHT=%d", inflight);
-  putenv(env_infl);
-  reader rs[4] = {{.name = "weft"},
-                  {.name = "weft_pool"},
-                  {.name = "uv"},
-                  {.name = "floor"}};
-  bool have_uv = bench_peer_path("uv_file_read", uvpath, sizeof(uvpath));
-  for (int r = 0; r < rounds; r++) {
-    for (int k = 0; k < 4; k++) {
-      int i = (k + r) % 4;
-      char *argv_w[] = {argv[0], "--child", "weft", path, size_s, secs_s, NULL};
-      char *argv_f[] = {argv[0], "--child", "floor", path,
-                        size_s,  secs_s,    NULL};
-      char *argv_u[] = {uvpath, path, size_s, infl_s, secs_s, NULL};
-      bool ok = true;
-      if (i == 0)
-        ok = run_one(&rs[0], argv_w, NULL, r);
-      else if (i == 1)
-        ok = run_one(&rs[1], argv_w, "WEFT_URING_FILES=pool", r);
-      else if (i == 2 && have_uv)
-        ok = run_one(&rs[2], argv_u, NULL, r);
-      else if (i == 3)
-        ok = run_one(&rs[3], argv_f, NULL, r);
-      if (!ok) {
-        unlink(path);
-        return 1;
-      }
-    }
   }
-  unlink(path);
-  printf("%-10s %12s %16s\n", "reader", "reads/s", "CPU us/read");
-  for (int k = 0; k < 4; k++)
-    if (k != 2 || have_uv)
-      printf("%-10s %12.0f %16.3f\n", rs[k].name, med(rs[k].rps, rounds),
-             med(rs[k].cpu_us, rounds));
-  double wr = med(rs[0].rps, rounds), wc = med(rs[0].cpu_us, rounds);
-  printf("{\"bench\":\"file_read\",\"inflight\":%d,\"mib\":%u,\"rounds\":%d",
-         inflight, mib, rounds);
-  for (int k = 0; k < 4; k++)
-    if (k != 2 || have_uv)
-      printf(",\"%s_rps\":%.0f,\"%s_cpu_us\":%.3f", rs[k].name,
-             med(rs[k].rps, rounds), rs[k].name, med(rs[k].cpu_us, rounds));
-  if (have_uv)
-    printf(",\"weft_vs_uv_rps\":%.3f,\"weft_vs_uv_cpu\":%.3f",
-           wr / med(rs[2].rps, rounds), wc / med(rs[2].cpu_us, rounds));
-  printf(",\"weft_vs_floor_rps\":%.3f,\"weft_vs_floor_cpu\":%.3f}\n",
-         wr / med(rs[3].rps, rounds), wc / med(rs[3].cpu_us, rounds));
-  return 0;
+  int rc = g.hang ? isolation(argv[0]) : compare(argv[0]);
+  unlink(g.path);
+  return rc;
 usage:
   fprintf(stderr, "usage: file_read [--seconds S] [--rounds R] "
-                  "[--inflight N] [--mib M]\n");
+                  "[--inflight N] [--mib M] [--hang N]\n");
   return 2;
 }
