@@ -164,10 +164,9 @@ int weft_tcp_dial(weft_rt *rt, weft_strand *s, const char *host,
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
-  if (s && s->rt != rt)
-    return -EXDEV;
-  if (s && !weft__strand_live(s))
-    return -EBADF;
+  int sr = weft__strand_usable(rt, s);
+  if (sr)
+    return sr;
   struct weft_dial *d = calloc(1, sizeof(*d));
   if (!d)
     return -ENOMEM;

@@ -161,10 +161,9 @@ static int check(weft_rt *rt, weft_strand *s, weft_fs_fn fn) {
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
-  if (s && s->rt != rt)
-    return -EXDEV;
-  if (s && !weft__strand_live(s))
-    return -EBADF;
+  int sr = weft__strand_usable(rt, s);
+  if (sr)
+    return sr;
   return 0;
 }
 

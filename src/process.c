@@ -219,10 +219,9 @@ static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
-  if (s && s->rt != rt)
-    return -EXDEV;
-  if (s && !weft__strand_live(s))
-    return -EBADF;
+  int sr = weft__strand_usable(rt, s);
+  if (sr)
+    return sr;
   bool pipes = false;
   for (int i = 0; i < 3; i++) {
     if (o->stdio[i] < WEFT_STDIO_INHERIT || o->stdio[i] > WEFT_STDIO_PIPE)

@@ -148,10 +148,9 @@ static int check(weft_rt *rt, weft_strand *s, const char *host,
     return -EINVAL; /* getaddrinfo(3): those must be 0 or NULL */
   if (weft__forked(rt))
     return -ECHILD;
-  if (s && s->rt != rt)
-    return -EXDEV;
-  if (s && !weft__strand_live(s))
-    return -EBADF;
+  int sr = weft__strand_usable(rt, s);
+  if (sr)
+    return sr;
   return 0;
 }
 

@@ -9,6 +9,8 @@
 #include "core.h"
 #include "runq.h"
 
+#include <errno.h>
+
 /* A handler node: 40 bytes, carved 64 apart (pool.c). In a strand's queue
  * `link.next` holds the next node (untagged); in the inject queue it holds
  * the next item (tagged). An embedded node lives inside another object (a
@@ -50,6 +52,16 @@ struct weft_strand {
  * build keeps its memory): a check for the API's -EBADF. */
 static inline bool weft__strand_live(const weft_strand *s) {
   return !weft__load(&s->released, WA_RLX) && s->magic == WEFT_STRAND_MAGIC;
+}
+
+/* For a call given a strand of rt for its callbacks (NULL allowed): 0,
+ * -EXDEV (another runtime's) or -EBADF (released). */
+static inline int weft__strand_usable(const weft_rt *rt, const weft_strand *s) {
+  if (!s)
+    return 0;
+  if (s->rt != rt)
+    return -EXDEV;
+  return weft__strand_live(s) ? 0 : -EBADF;
 }
 
 /* A node for fn (cancel: what runs instead at a CANCEL shutdown), from

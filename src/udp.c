@@ -376,10 +376,9 @@ static int open_check(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
   int r = weft__tcp_check(rt, addr, addrlen);
   if (r)
     return r;
-  if (s && s->rt != rt)
-    return -EXDEV;
-  if (s && !weft__strand_live(s))
-    return -EBADF;
+  int sr = weft__strand_usable(rt, s);
+  if (sr)
+    return sr;
   return 0;
 }
 

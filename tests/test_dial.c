@@ -24,52 +24,11 @@
  *  - Bad input, and a CANCEL shutdown with a dial waiting on its lookup:
  *    fn runs exactly once.
  */
-#include <netdb.h>
-
-#include "testutil.h"
+#include "fake_gai.h"
 
 #define NWORKERS 2
 
 /* ------------------------------------------------------- the wrapped call */
-
-int __real_getaddrinfo(const char *node, const char *service,
-                       const struct addrinfo *hints, struct addrinfo **res);
-int __wrap_getaddrinfo(const char *node, const char *service,
-                       const struct addrinfo *hints, struct addrinfo **res);
-
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
-static bool g_open;
-static unsigned g_hung;
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
-/* The list of the numeric addresses in hosts (NULL-terminated), chained
- * in that order; glibc frees each node on its own, so a chain of several
- * getaddrinfo results is freed whole by freeaddrinfo. */
-static int chain(const char *const *hosts, const char *service,
-                 const struct addrinfo *hints, struct addrinfo **res) {
-  struct addrinfo h = {.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV,
-                       .ai_socktype = hints ? hints->ai_socktype : 0};
-  struct addrinfo *head = NULL, **tail = &head;
-  for (; *hosts; hosts++) {
-    struct addrinfo *r;
-    int e = __real_getaddrinfo(*hosts, service, &h, &r);
-    if (e != 0) {
-      if (head)
-        freeaddrinfo(head);
-      return e;
-    }
-    *tail = r;
-    while (*tail)
-      tail = &(*tail)->ai_next;
-  }
-  *res = head;
-  return 0;
-}
 
 int __wrap_getaddrinfo(const char *node, const char *service,
                        const struct addrinfo *hints, struct addrinfo **res) {
@@ -77,53 +36,17 @@ int __wrap_getaddrinfo(const char *node, const char *service,
   static const char *const order[] = {"127.0.0.3", "127.0.0.4", "::1", NULL};
   static const char *const slow[] = {"127.0.0.1", "127.0.0.2", NULL};
   static const char *const lo[] = {"127.0.0.1", NULL};
-  if (!node)
-    return __real_getaddrinfo(node, service, hints, res);
-  if (ends_with(node, ".hang.test")) {
-    pthread_mutex_lock(&g_lock);
-    g_hung++;
-    while (!g_open)
-      pthread_cond_wait(&g_cond, &g_lock);
-    g_hung--;
-    pthread_mutex_unlock(&g_lock);
-    return chain(lo, service, hints, res);
-  }
-  if (!strcmp(node, "both.test"))
-    return chain(both, service, hints, res);
-  if (!strcmp(node, "order.test"))
-    return chain(order, service, hints, res);
-  if (!strcmp(node, "slow.test"))
-    return chain(slow, service, hints, res);
-  if (!strcmp(node, "noname.test"))
+  if (fg_hang(node))
+    return fg_chain(lo, service, hints, res);
+  if (node && !strcmp(node, "both.test"))
+    return fg_chain(both, service, hints, res);
+  if (node && !strcmp(node, "order.test"))
+    return fg_chain(order, service, hints, res);
+  if (node && !strcmp(node, "slow.test"))
+    return fg_chain(slow, service, hints, res);
+  if (node && !strcmp(node, "noname.test"))
     return EAI_NONAME;
   return __real_getaddrinfo(node, service, hints, res);
-}
-
-static void gate_reset(void) {
-  pthread_mutex_lock(&g_lock);
-  g_open = false;
-  pthread_mutex_unlock(&g_lock);
-}
-
-static void gate_open(void) {
-  pthread_mutex_lock(&g_lock);
-  g_open = true;
-  pthread_cond_broadcast(&g_cond);
-  pthread_mutex_unlock(&g_lock);
-}
-
-static void wait_hung(unsigned n) {
-  uint64_t deadline = tu_deadline_ns(TU_WAIT_S);
-  for (;;) {
-    pthread_mutex_lock(&g_lock);
-    unsigned got = g_hung;
-    pthread_mutex_unlock(&g_lock);
-    if (got >= n)
-      return;
-    if (tu_now_ns() > deadline)
-      fail_msg("only %u of %u lookups reached the name server", got, n);
-    tu_sleep_ms(1);
-  }
 }
 
 /* ---------------------------------------------------------------- results */
@@ -359,7 +282,7 @@ static void test_failures(void **state) {
 static void test_cancel(void **state) {
   (void)state;
   tu_reset_async_errors();
-  gate_reset();
+  fg_gate_reset();
   weft_rt *rt = rt_make();
   weft_strand *s;
   tu_strand_create(rt, &s);
@@ -369,13 +292,13 @@ static void test_cancel(void **state) {
   weft_dial *d;
   tu_assert_rc(weft_tcp_dial(rt, s, "a.hang.test", "80", 0, on_dial, &r, &d),
                0);
-  wait_hung(1);
+  fg_wait_hung(1);
   tu_assert_rc(weft_tcp_dial_cancel(d), 0);
   tu_event_wait(&r.ev, 1, "the cancelled dial's callback (lookup)");
   tu_assert_rc(r.status, -ECANCELED);
   assert_true(r.on_strand);
   dres_fini(&r);
-  gate_open();
+  fg_gate_open();
 
   /* While a connect hangs (a full backlog, no attempt timeout). */
   tu_full_listener f;
@@ -418,7 +341,7 @@ static void cancel_twice(void *arg) {
 static void test_bad_input(void **state) {
   (void)state;
   tu_reset_async_errors();
-  gate_reset();
+  fg_gate_reset();
   weft_rt *rt = rt_make(), *other = rt_make();
   weft_strand *s, *os;
   tu_strand_create(rt, &s);
@@ -447,7 +370,7 @@ static void test_bad_input(void **state) {
   tu_assert_rc(t.rc1, 0);
   tu_assert_rc(t.rc2, -EALREADY);
   tu_assert_rc(r.status, -ECANCELED);
-  gate_open();
+  fg_gate_open();
   weft_strand_release(s);
   weft_strand_release(os);
   rt_end(rt);
@@ -461,20 +384,20 @@ static void test_bad_input(void **state) {
 static void *open_later(void *arg) {
   (void)arg;
   tu_sleep_ms(50);
-  gate_open();
+  fg_gate_open();
   return NULL;
 }
 
 static void test_shutdown(void **state) {
   (void)state;
   tu_reset_async_errors();
-  gate_reset();
+  fg_gate_reset();
   weft_rt *rt = rt_make();
   dres r;
   dres_init(&r, NULL);
   tu_assert_rc(
       weft_tcp_dial(rt, NULL, "c.hang.test", "1", 0, on_dial, &r, NULL), 0);
-  wait_hung(1);
+  fg_wait_hung(1);
   pthread_t t;
   tu_thread_start(&t, open_later, NULL);
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL), 0);

@@ -24,43 +24,16 @@
  *  - Shutdown (CANCEL) with lookups queued behind hung ones: every fn runs
  *    exactly once (-ECANCELED for the queued) once the gate opens.
  */
-#include <netdb.h>
-
-#include "testutil.h"
+#include "fake_gai.h"
 
 #define NWORKERS 2
 
 /* ------------------------------------------------------- the wrapped call */
 
-int __real_getaddrinfo(const char *node, const char *service,
-                       const struct addrinfo *hints, struct addrinfo **res);
-int __wrap_getaddrinfo(const char *node, const char *service,
-                       const struct addrinfo *hints, struct addrinfo **res);
-
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t g_cond = PTHREAD_COND_INITIALIZER;
-static bool g_open;
-static unsigned g_hung, g_hung_max;
-
-static bool ends_with(const char *s, const char *suffix) {
-  size_t a = strlen(s), b = strlen(suffix);
-  return a >= b && strcmp(s + a - b, suffix) == 0;
-}
-
 int __wrap_getaddrinfo(const char *node, const char *service,
                        const struct addrinfo *hints, struct addrinfo **res) {
-  if (node && ends_with(node, ".hang.test")) {
-    pthread_mutex_lock(&g_lock);
-    g_hung++;
-    if (g_hung > g_hung_max)
-      g_hung_max = g_hung;
-    pthread_cond_broadcast(&g_cond);
-    while (!g_open)
-      pthread_cond_wait(&g_cond, &g_lock);
-    g_hung--;
-    pthread_mutex_unlock(&g_lock);
+  if (fg_hang(node))
     node = "127.0.0.1";
-  }
   if (node && strcmp(node, "noname.test") == 0)
     return EAI_NONAME;
   if (node && strcmp(node, "again.test") == 0)
@@ -72,35 +45,6 @@ int __wrap_getaddrinfo(const char *node, const char *service,
     return EAI_SYSTEM;
   }
   return __real_getaddrinfo(node, service, hints, res);
-}
-
-static void gate_reset(void) {
-  pthread_mutex_lock(&g_lock);
-  g_open = false;
-  g_hung = g_hung_max = 0;
-  pthread_mutex_unlock(&g_lock);
-}
-
-static void gate_open(void) {
-  pthread_mutex_lock(&g_lock);
-  g_open = true;
-  pthread_cond_broadcast(&g_cond);
-  pthread_mutex_unlock(&g_lock);
-}
-
-/* Waits until n lookups hang in the wrapper. */
-static void wait_hung(unsigned n) {
-  uint64_t deadline = tu_deadline_ns(TU_WAIT_S);
-  pthread_mutex_lock(&g_lock);
-  while (g_hung < n && tu_now_ns() < deadline) {
-    pthread_mutex_unlock(&g_lock);
-    tu_sleep_ms(1);
-    pthread_mutex_lock(&g_lock);
-  }
-  unsigned got = g_hung;
-  pthread_mutex_unlock(&g_lock);
-  if (got < n)
-    fail_msg("only %u of %u lookups reached the name server", got, n);
 }
 
 /* --------------------------------------------------------------- results */
@@ -282,7 +226,7 @@ static void job_done(void *arg, long result) {
 static void test_isolation(void **state) {
   (void)state;
   tu_reset_async_errors();
-  gate_reset();
+  fg_gate_reset();
   weft_rt *rt = rt_make(4);
   static res hung[NHANG];
   char name[64];
@@ -292,7 +236,7 @@ static void test_isolation(void **state) {
     tu_assert_rc(
         weft_resolve(rt, NULL, name, "53", NULL, on_result, &hung[i], NULL), 0);
   }
-  wait_hung(4);
+  fg_wait_hung(4);
   /* The blocking pool is untouched: every job runs while lookups hang. */
   tu_event jobs;
   tu_event_init(&jobs);
@@ -308,15 +252,12 @@ static void test_isolation(void **state) {
       0);
   tu_sleep_ms(20);
   assert_int_equal(tu_event_get(&quick.ev), 0);
-  pthread_mutex_lock(&g_lock);
-  unsigned max = g_hung_max;
-  pthread_mutex_unlock(&g_lock);
-  assert_int_equal(max, 4);
+  assert_int_equal(fg_hung_most(), 4);
   weft_stats st;
   tu_stats(rt, &st);
   assert_int_equal(st.blocking_done, NJOBS);
 
-  gate_open();
+  fg_gate_open();
   for (int i = 0; i < NHANG; i++) {
     tu_event_wait(&hung[i].ev, 1, "a hung lookup, once the gate opened");
     tu_assert_rc(hung[i].status, 0);
@@ -355,7 +296,7 @@ static void cancel_inside(void *arg, int status, struct addrinfo *ai) {
 static void test_cancel(void **state) {
   (void)state;
   tu_reset_async_errors();
-  gate_reset();
+  fg_gate_reset();
   weft_rt *rt = rt_make(1);
   weft_strand *s, *s2;
   tu_strand_create(rt, &s);
@@ -367,7 +308,7 @@ static void test_cancel(void **state) {
   tu_assert_rc(
       weft_resolve(rt, s2, "r.hang.test", NULL, NULL, on_result, &running, &lr),
       0);
-  wait_hung(1);
+  fg_wait_hung(1);
   tu_assert_rc(
       weft_resolve(rt, s, "localhost", NULL, NULL, on_result, &queued, &lq), 0);
   /* Queued: cancelled from the test thread. */
@@ -387,7 +328,7 @@ static void test_cancel(void **state) {
   weft_strand_release(s2);
   /* A cancel from inside fn, which the result won: -EALREADY. The gate
    * holds the strand until the handle is stored. */
-  gate_open();
+  fg_gate_open();
   res later;
   res_init(&later, s);
   tu_gate g;
@@ -419,14 +360,14 @@ static void test_cancel(void **state) {
 static void *open_later(void *arg) {
   (void)arg;
   tu_sleep_ms(50);
-  gate_open();
+  fg_gate_open();
   return NULL;
 }
 
 static void test_shutdown(void **state) {
   (void)state;
   tu_reset_async_errors();
-  gate_reset();
+  fg_gate_reset();
   weft_rt *rt = rt_make(2);
   static res r[2 + NQUEUED];
   for (int i = 0; i < 2 + NQUEUED; i++) {
@@ -435,7 +376,7 @@ static void test_shutdown(void **state) {
                               NULL, NULL, on_result, &r[i], NULL),
                  0);
     if (i == 1)
-      wait_hung(2);
+      fg_wait_hung(2);
   }
   pthread_t t;
   tu_thread_start(&t, open_later, NULL);
