@@ -30,7 +30,8 @@
 #                   benchmark in 5 alternating rounds, their medians and
 #                   plots written into BENCHMARKS.md and docs/img/ (deps:
 #                   the above and python3-matplotlib)
-#   make reference  write docs/reference.md from include/weft.h
+#   make reference  write docs/reference.md from include/weft.h (and the
+#                   headers it includes)
 #                   (tools/gen-reference; a test checks it is current)
 #   make format | format-check                   clang-format the sources
 #   make clean      remove the build directories

@@ -1,7 +1,7 @@
 # Installation of weft: libraries, header, CMake package and pkg-config file.
 # Included from the top-level CMakeLists.txt after the targets are defined.
 #
-#   <prefix>/include/weft.h
+#   <prefix>/include/weft.h, <prefix>/include/weft/*.h
 #   <libdir>/libweft.so.X.Y.Z, libweft.so.X, libweft.so, libweft.a
 #   <libdir>/cmake/weft/weft{Config,ConfigVersion,Targets*}.cmake
 #   <libdir>/pkgconfig/weft.pc
@@ -37,6 +37,9 @@ install(TARGETS weft weft_static
 
 install(FILES "${PROJECT_SOURCE_DIR}/include/weft.h"
   DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
+install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/weft"
+  DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}"
+  FILES_MATCHING PATTERN "*.h")
 
 install(EXPORT weftTargets
   NAMESPACE weft::
