@@ -66,6 +66,17 @@ static int pidfd_signal(int fd, int signo) {
 /* ---- the strand's handler --------------------------------------------------
  */
 
+/* Frees p once its exit callback has run and no poll of its pidfd is in
+ * the ring: the completion of one in flight names p's memory. Such a poll
+ * always completes, without a cancel, since a pidfd polls readable once
+ * its process has ended, and a reaped process has. */
+static void finish(struct weft_process *p) {
+  if (p->polling)
+    return; /* proc_run finishes on the poll's completion */
+  weft__sock_close_fd(&p->s);
+  weft__sock_free(&p->s);
+}
+
 static void ended(struct weft_process *p, const siginfo_t *si) {
   int code = 0, sig = 0;
   if (si && si->si_code == CLD_EXITED)
@@ -75,8 +86,7 @@ static void ended(struct weft_process *p, const siginfo_t *si) {
   p->s.state = ST_CLOSED;
   weft__calling((void *)p->fn);
   p->fn(p->arg, p, code, sig);
-  weft__sock_close_fd(&p->s);
-  weft__sock_free(&p->s);
+  finish(p);
 }
 
 /* Reaps p if it has ended (wait: until it has); true if it had. */
@@ -109,6 +119,8 @@ static void proc_run(struct weft__sock *s, uint32_t bits) {
   struct weft_process *p = (struct weft_process *)s;
   if (bits & EV_POLLED)
     p->polling = false;
+  if (s->state == ST_CLOSED)
+    finish(p);
   if (s->state != ST_OPEN)
     return;
   if (bits & EV_SHUTDOWN) {

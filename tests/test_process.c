@@ -11,7 +11,7 @@
  *    WEFT_STDIO_NULL works.
  *  - No zombie: after the exit callback, waitpid on the pid fails with
  *    ECHILD; a shutdown with a child sleeping kills it (term_signal 9)
- *    and reaps it.
+ *    and reaps it; so does one racing children that end on their own.
  *  - Errors: a missing program (by path and by PATH search) -ENOENT; NULL
  *    arguments, bad stdio values, streams without a strand (-EINVAL) or
  *    off it (-EPERM).
@@ -272,6 +272,40 @@ static void test_shutdown(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* Children ending on their own as the shutdown kills the rest: a child's
+ * end may be reaped (the shutdown's event) while the poll of its pidfd is
+ * still in the ring, whose completion then comes for memory that must
+ * still be the process's (a use after free TSan found). */
+static void test_shutdown_racing_exits(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  static const char *const quick[] = {"true", NULL};
+  static const char *const sleeper[] = {"sleep", "100", NULL};
+  enum { ROUNDS = 8, KIDS = 8 };
+  for (int round = 0; round < ROUNDS; round++) {
+    weft_strand *s;
+    weft_rt *rt = rt_make(&s);
+    child ch[KIDS];
+    for (int i = 0; i < KIDS; i++) {
+      child_init(&ch[i], rt, s, i % 2 ? sleeper : quick);
+      tu_on_strand(s, spawn_handler, &ch[i]);
+      tu_assert_rc(ch[i].spawn_rc, 0);
+    }
+    tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+    weft_strand_release(s);
+    tu_assert_rc(weft_rt_destroy(rt), 0);
+    for (int i = 0; i < KIDS; i++) {
+      assert_int_equal(ch[i].exits, 1);
+      if (i % 2)
+        assert_int_equal(ch[i].sig, SIGKILL);
+      assert_int_equal(waitpid(ch[i].pid, NULL, WNOHANG), -1);
+      assert_int_equal(errno, ECHILD);
+      child_fini(&ch[i]);
+    }
+  }
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 static void test_errors(void **state) {
   (void)state;
   tu_reset_async_errors();
@@ -315,8 +349,11 @@ static void test_errors(void **state) {
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_cat),     cmocka_unit_test(test_codes),
-      cmocka_unit_test(test_options), cmocka_unit_test(test_shutdown),
+      cmocka_unit_test(test_cat),
+      cmocka_unit_test(test_codes),
+      cmocka_unit_test(test_options),
+      cmocka_unit_test(test_shutdown),
+      cmocka_unit_test(test_shutdown_racing_exits),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
