@@ -381,9 +381,10 @@ int weft__io_connect(struct weft__shard *sh, int fd,
   return io ? weft__uring_connect(io, fd, addr, addrlen, h) : -EAGAIN;
 }
 
-int weft__io_poll_in(struct weft__shard *sh, int fd, struct weft__ioh *h) {
+int weft__io_poll_fd(struct weft__shard *sh, int fd, unsigned events,
+                     struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_poll_in(io, fd, h) : -EAGAIN;
+  return io ? weft__uring_poll_fd(io, fd, events, h) : -EAGAIN;
 }
 
 int weft__io_accept(struct weft__shard *sh, int fd, int flags,

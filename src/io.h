@@ -34,7 +34,7 @@ enum {
   WEFT_OP_SEND,     /* a sendmsg */
   WEFT_OP_CONNECT,
   WEFT_OP_ACCEPT, /* an accept that never waits in the kernel */
-  WEFT_OP_POLLIN, /* a one-shot poll for readability */
+  WEFT_OP_POLL,   /* a one-shot poll (for what its owner asked) */
   WEFT_OP_FILE,   /* a file operation (struct weft__fileop) */
   WEFT_OP_QUIET   /* no handle: a cancel or close nobody waits for */
 };
@@ -217,7 +217,9 @@ int weft__io_send(struct weft__shard *sh, int fd, struct msghdr *msg,
 int weft__io_connect(struct weft__shard *sh, int fd,
                      const struct sockaddr *addr, unsigned addrlen,
                      struct weft__ioh *h);
-int weft__io_poll_in(struct weft__shard *sh, int fd, struct weft__ioh *h);
+/* A one-shot poll for events (WEFT_IO_IN, WEFT_IO_OUT). */
+int weft__io_poll_fd(struct weft__shard *sh, int fd, unsigned events,
+                     struct weft__ioh *h);
 /* A file operation, completed with its result (WEFT_OP_FILE). */
 int weft__io_file(struct weft__shard *sh, const struct weft__fileop *op,
                   struct weft__ioh *h);

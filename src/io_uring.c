@@ -437,12 +437,15 @@ int weft__uring_connect(struct weft__io *io, int fd,
   return 0;
 }
 
-int weft__uring_poll_in(struct weft__io *io, int fd, struct weft__ioh *h) {
+int weft__uring_poll_fd(struct weft__io *io, int fd, unsigned events,
+                        struct weft__ioh *h) {
   struct io_uring_sqe *sqe = weft__uring_sqe(io);
   if (!sqe)
     return -EAGAIN;
-  io_uring_prep_poll_add(sqe, fd, POLLIN);
-  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_POLLIN));
+  io_uring_prep_poll_add(sqe, fd,
+                         (events & WEFT_IO_IN ? POLLIN : 0) |
+                             (events & WEFT_IO_OUT ? POLLOUT : 0));
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_POLL));
   return 0;
 }
 

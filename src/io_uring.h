@@ -43,7 +43,8 @@ int weft__uring_send(struct weft__io *io, int fd, struct msghdr *msg,
 int weft__uring_connect(struct weft__io *io, int fd,
                         const struct sockaddr *addr, unsigned addrlen,
                         struct weft__ioh *h);
-int weft__uring_poll_in(struct weft__io *io, int fd, struct weft__ioh *h);
+int weft__uring_poll_fd(struct weft__io *io, int fd, unsigned events,
+                        struct weft__ioh *h);
 int weft__uring_file(struct weft__io *io, const struct weft__fileop *op,
                      struct weft__ioh *h);
 int weft__uring_accept(struct weft__io *io, int fd, int flags,

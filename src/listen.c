@@ -234,7 +234,7 @@ static bool accepted(struct lsock *ls, int fd) {
  * (test_tcp_emfile lost clients that way). */
 static void poll_submit(struct lsock *ls) {
   struct weft__shard *sh = weft__local_begin(ls->s.rt);
-  ls->polling = weft__io_poll_in(sh, ls->s.fd, &ls->s.ioh) == 0;
+  ls->polling = weft__io_poll_fd(sh, ls->s.fd, WEFT_IO_IN, &ls->s.ioh) == 0;
   weft__local_end(sh);
   if (!ls->polling)
     weft__sock_kick(&ls->s);
@@ -324,7 +324,7 @@ static void lsock_done(struct weft__ioh *h, struct weft__shard *local,
     ls->ares = cqe->res;
     ls->acc_more = (cqe->flags & WEFT_CQE_NONEMPTY) != 0;
     weft__sock_signal(local, &ls->s, EV_ADONE, WEFT_GEN_ANY);
-  } else { /* WEFT_OP_POLLIN: whatever it says, accept4 tells */
+  } else { /* WEFT_OP_POLL: whatever it says, accept4 tells */
     weft__sock_signal(local, &ls->s, EV_POLLED, WEFT_GEN_ANY);
   }
 }

@@ -109,7 +109,7 @@ static bool reap(struct weft_process *p, bool wait) {
 
 static void poll_submit(struct weft_process *p) {
   struct weft__shard *sh = weft__local_begin(p->s.rt);
-  p->polling = weft__io_poll_in(sh, p->s.fd, &p->s.ioh) == 0;
+  p->polling = weft__io_poll_fd(sh, p->s.fd, WEFT_IO_IN, &p->s.ioh) == 0;
   weft__local_end(sh);
   if (!p->polling)
     weft__sock_kick(&p->s);

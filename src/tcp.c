@@ -1,9 +1,8 @@
 /*
  * tcp.c - TCP connections (tcp.h): creation, the strand handler's state
- * machine, writes (queue, partial sends, backpressure), connect with a
- * timeout, half-close, close, and the public calls. Owns struct
- * weft__conn but its receive state (tcp_recv.c), and the connection and
- * send pools.
+ * machine, connect with a timeout, half-close, close, and the public
+ * calls. Owns struct weft__conn but its receive state (tcp_recv.c) and
+ * its write queue (tcp_send.c), and the connection and send pools.
  *
  * A connection needs no lock: operations are started on its strand and
  * completions delivered to it. With io_uring, at most one receive and one
@@ -21,6 +20,7 @@
 #include "rt.h"
 #include "shard.h"
 #include "tcp_recv.h"
+#include "tcp_send.h"
 #include "tcp_timeout.h"
 #include "tcp_until.h"
 #include "thread.h"
@@ -36,12 +36,6 @@
 #define READ_MAX ((size_t)1 << 30)
 #define DEFAULT_LOW ((size_t)64 << 10)
 #define DEFAULT_HIGH ((size_t)1 << 20)
-/* The most bytes a connection sends by direct send(2) calls in one go (a
- * write call, or one turn of its strand); the rest goes in later turns.
- * Without the bound, a large write to a reader that keeps draining the
- * socket looped inside the call for as long as the whole transfer took,
- * holding the shard and every strand on it. */
-#define SEND_BUDGET ((size_t)1 << 20)
 
 /* close_req (tcp.h) */
 #define CLOSE_USER 1u
@@ -59,6 +53,7 @@ static void conn_done(struct weft__ioh *h, struct weft__shard *local,
     weft__recv_multishot_done(local, c, cqe);
     return;
   case WEFT_OP_SEND:
+  case WEFT_OP_POLL: /* for room, before a sendfile (tcp_send.c) */
     c->wres = cqe->res;
     bits = EV_WDONE;
     break;
@@ -86,266 +81,6 @@ static int conn_new(struct weft__conn **out, weft_rt *rt, int fd,
   c->high = DEFAULT_HIGH;
   *out = c;
   return 0;
-}
-
-/* ---- write completions ------------------------------------------------- */
-
-static void wreq_release(struct weft__conn *c, struct weft__wreq *w) {
-  if (w->iov != w->inl)
-    free(w->iov);
-  if (w == &c->wr_inline)
-    c->wr_inline_busy = false;
-  else
-    free(w);
-}
-
-static void wreq_done(struct weft__conn *c, struct weft__wreq *w, int status) {
-  if (!w->fn) {
-    wreq_release(c, w); /* nobody to tell: no callback to order */
-    return;
-  }
-  w->status = status;
-  w->next = NULL;
-  if (c->done_tail)
-    c->done_tail->next = w;
-  else
-    c->done_head = w;
-  c->done_tail = w;
-}
-
-/* Calls the due write callbacks, then the drain callback; only from the
- * strand handler (never inside a weft_tcp_* call). */
-static void flush_done(struct weft__conn *c) {
-  while (c->done_head) {
-    struct weft__wreq *w = c->done_head;
-    c->done_head = w->next;
-    if (!c->done_head)
-      c->done_tail = NULL;
-    weft_write_fn fn = w->fn;
-    void *arg = w->arg;
-    int status = w->status;
-    wreq_release(c, w);
-    weft__calling((void *)fn);
-    fn(arg, (weft_tcp *)c, status);
-  }
-  if (c->drain_wanted && c->queued <= c->low && c->s.state == ST_OPEN) {
-    c->drain_wanted = false;
-    if (c->dfn) {
-      weft__calling((void *)c->dfn);
-      c->dfn(c->darg, (weft_tcp *)c);
-    }
-  }
-}
-
-/* Every queued write fails with status (close, error). */
-static void fail_writes(struct weft__conn *c, int status) {
-  while (c->wq_head) {
-    struct weft__wreq *w = c->wq_head;
-    c->wq_head = w->next;
-    wreq_done(c, w, status);
-  }
-  c->wq_tail = NULL;
-  c->queued = 0;
-}
-
-/* n bytes of the queue were sent: complete the writes now fully sent
- * (zero-length ones at the head included). */
-static void advance(struct weft__conn *c, size_t n) {
-  if (n && c->tmo)
-    weft__tmo_progress(c, true);
-  c->queued -= n;
-  while (c->wq_head) {
-    struct weft__wreq *w = c->wq_head;
-    while (n && w->iovpos < w->iovcnt) {
-      struct iovec *v = &w->iov[w->iovpos];
-      size_t k = n < v->iov_len ? n : v->iov_len;
-      v->iov_base = (char *)v->iov_base + k;
-      v->iov_len -= k;
-      w->left -= k;
-      n -= k;
-      if (!v->iov_len)
-        w->iovpos++;
-    }
-    while (w->iovpos < w->iovcnt && !w->iov[w->iovpos].iov_len)
-      w->iovpos++;
-    if (w->left)
-      break;
-    c->wq_head = w->next;
-    if (!c->wq_head)
-      c->wq_tail = NULL;
-    wreq_done(c, w, 0);
-  }
-}
-
-/* Gathers the queue's unsent iovecs into sb, at most max bytes of them;
- * returns how many iovecs. */
-static int gather(struct weft__conn *c, struct weft__sendbuf *sb, size_t max) {
-  int k = 0;
-  size_t bytes = 0;
-  for (struct weft__wreq *w = c->wq_head; w && k < WEFT_SEND_IOV && bytes < max;
-       w = w->next)
-    for (int i = w->iovpos; i < w->iovcnt && k < WEFT_SEND_IOV && bytes < max;
-         i++)
-      if (w->iov[i].iov_len) {
-        sb->iov[k] = w->iov[i];
-        if (sb->iov[k].iov_len > max - bytes)
-          sb->iov[k].iov_len = max - bytes;
-        bytes += sb->iov[k++].iov_len;
-      }
-  memset(&sb->msg, 0, sizeof(sb->msg));
-  sb->msg.msg_iov = sb->iov;
-  sb->msg.msg_iovlen = (size_t)k;
-  sb->bytes = bytes;
-  return k;
-}
-
-/* ---- sending ------------------------------------------------------------- */
-
-static void write_failed(struct weft__conn *c, int err) {
-  if (!c->err)
-    c->err = err;
-  fail_writes(c, err);
-}
-
-/* A non-blocking send of the gathered bytes: send(2) for one buffer, which
- * spares the kernel copying in a msghdr and an iovec, sendmsg(2) for
- * several. */
-static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
-  if (sb->msg.msg_iovlen == 1)
-    return send(c->s.fd, sb->iov[0].iov_base, sb->iov[0].iov_len,
-                MSG_NOSIGNAL | MSG_DONTWAIT);
-  return sendmsg(c->s.fd, &sb->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-}
-
-/* Readiness: send what the socket takes now, up to SEND_BUDGET bytes;
- * beyond that the strand's next turn goes on. */
-static void send_now(struct weft__conn *c) {
-  struct weft__sendbuf sb;
-  size_t budget = SEND_BUDGET;
-  while (c->wq_head && c->writable) {
-    if (!budget) {
-      weft__sock_yield(&c->s);
-      return;
-    }
-    if (!gather(c, &sb, budget)) {
-      advance(c, 0); /* only zero-length writes left */
-      continue;
-    }
-    ssize_t n = send_direct(c, &sb);
-    if (n >= 0) {
-      advance(c, (size_t)n);
-      budget -= (size_t)n;
-    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-      c->writable = false;
-    } else if (errno != EINTR) {
-      write_failed(c, -errno);
-    }
-  }
-}
-
-static struct weft__sendbuf *sendbuf_get(weft_rt *rt, struct weft__shard *sh) {
-  return weft__pool_alloc(&rt->net.send_pool, sh ? &sh->cache.send : NULL);
-}
-
-static void sendbuf_put(struct weft__conn *c) {
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
-  weft__pool_free(&c->s.rt->net.send_pool, sh ? &sh->cache.send : NULL, c->sb);
-  weft__local_end(sh);
-  c->sb = NULL;
-}
-
-/* One sendmsg in the ring of the calling thread's shard, leaving with that
- * thread's next kernel entry: when it runs out of work, or within 8 more
- * items (io.c), or, if one of those runs long, when the monitor hands the
- * shard on with its ring. The replies of a burst of requests then leave
- * in one entry and reach the peers as one burst. true: it is in the ring
- * (wr_inflight, sb held until it completes). */
-static bool send_ring(struct weft__conn *c) {
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
-  bool in =
-      sh && c->sb && weft__io_send(sh, c->s.fd, &c->sb->msg, &c->s.ioh) == 0;
-  weft__local_end(sh);
-  c->wr_inflight = in;
-  return in;
-}
-
-/* Completions: one send in the kernel at a time, so bytes stay in order.
- * Without a ring entry (a thread without a shard, a full ring) a
- * non-blocking send goes directly, or the strand tries again later. */
-static void send_submit(struct weft__conn *c) {
-  size_t budget = SEND_BUDGET; /* of direct sends */
-  while (c->wq_head && !c->wr_inflight) {
-    if (!c->sb) {
-      struct weft__shard *sh = weft__local_begin(c->s.rt);
-      c->sb = sendbuf_get(c->s.rt, sh);
-      weft__local_end(sh);
-      if (!c->sb) {
-        weft__sock_kick(&c->s); /* no memory now: later */
-        return;
-      }
-    }
-    if (!gather(c, c->sb, SIZE_MAX)) {
-      advance(c, 0);
-      continue;
-    }
-    if (send_ring(c))
-      return;
-    if (c->writable && budget) {
-      if (!gather(c, c->sb, budget))
-        continue; /* cannot be: gathered above */
-      ssize_t n = send_direct(c, c->sb);
-      if (n < 0 && errno == EINTR)
-        continue;
-      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
-        write_failed(c, -errno);
-        break;
-      }
-      bool all = n > 0 && (size_t)n == c->sb->bytes;
-      if (n > 0) {
-        advance(c, (size_t)n);
-        budget -= (size_t)n;
-      }
-      if (all)
-        continue;
-      c->writable = false; /* full: only the ring waits for room */
-    }
-    weft__sock_yield(&c->s); /* later, on a thread with a ring entry */
-    break;
-  }
-  if (c->sb && !c->wr_inflight)
-    sendbuf_put(c);
-}
-
-static void pump_writes(struct weft__conn *c) {
-  if (c->s.state != ST_OPEN)
-    return;
-  if (weft__io_completes(c->s.rt))
-    send_submit(c);
-  else
-    send_now(c);
-  if (!c->wq_head && c->shut_req && !c->shut_sent && !c->wr_inflight) {
-    c->shut_sent = true;
-    shutdown(c->s.fd, SHUT_WR);
-  }
-}
-
-static void send_completed(struct weft__conn *c) {
-  c->wr_inflight = false;
-  int res = c->wres;
-  size_t bytes = c->sb->bytes;
-  sendbuf_put(c);
-  if (res >= 0) {
-    advance(c, (size_t)res);
-    if ((size_t)res == bytes)
-      c->writable = true; /* it all went: room for a direct send */
-    return;
-  }
-  /* -ECANCELED while open: its submitter exited (io_uring.c). These leave
-   * the queue as it was, and pump_writes sends again. */
-  if (res == -EINTR || res == -EAGAIN ||
-      (res == -ECANCELED && c->s.state == ST_OPEN))
-    return;
-  write_failed(c, c->s.state == ST_CLOSING ? weft__tcp_close_status(c) : res);
 }
 
 /* ---- connecting ------------------------------------------------------------
@@ -548,7 +283,7 @@ static void conn_run(struct weft__sock *sk, uint32_t bits) {
   if (bits & EV_RMEND)
     weft__recv_ended(c);
   if (bits & EV_WDONE)
-    send_completed(c);
+    weft__send_completed(c);
   if (bits & EV_IN)
     c->readable = true;
   if (bits & EV_HUP)
@@ -566,14 +301,14 @@ static void conn_run(struct weft__sock *sk, uint32_t bits) {
     weft__tcp_close_self(c);
   if (c->s.state == ST_OPEN) {
     weft__recv_run(c);
-    pump_writes(c);
+    weft__send_pump(c);
   }
   if (c->s.state == ST_CLOSING) {
     if (!c->wr_inflight)
-      fail_writes(c, weft__tcp_close_status(c));
+      weft__send_fail(c, weft__tcp_close_status(c));
     close_finish(c);
   }
-  flush_done(c);
+  weft__send_flush(c);
   if (c->s.state == ST_CLOSED && !c->close_posted &&
       (c->user_closed || weft__load(&c->close_req, WA_RLX) == CLOSE_SELF))
     post_close(c);
@@ -651,95 +386,6 @@ int weft_tcp_read(weft_tcp *tcp, void *buf, size_t len, weft_read_fn fn,
   return 0;
 }
 
-static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
-  struct weft__wreq *w;
-  if (!c->wr_inline_busy) {
-    w = &c->wr_inline;
-    c->wr_inline_busy = true;
-  } else if (!(w = malloc(sizeof(*w)))) {
-    return NULL;
-  }
-  w->iov = w->inl;
-  if (iovcnt > 2 && !(w->iov = malloc(sizeof(struct iovec) * (size_t)iovcnt))) {
-    if (w == &c->wr_inline)
-      c->wr_inline_busy = false;
-    else
-      free(w);
-    return NULL;
-  }
-  return w;
-}
-
-int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
-                    weft_write_fn fn, void *arg) {
-  struct weft__conn *c = weft__conn_of(tcp);
-  int r = weft__tcp_usable(c, "weft_tcp_write");
-  if (r)
-    return r;
-  if (!iov || iovcnt < 1 || iovcnt > 1024)
-    return -EINVAL;
-  size_t total = 0;
-  for (int i = 0; i < iovcnt; i++) {
-    if ((!iov[i].iov_base && iov[i].iov_len) || total + iov[i].iov_len < total)
-      return -EINVAL;
-    total += iov[i].iov_len;
-  }
-  if (c->shut_req || c->err)
-    return -EPIPE;
-  if (c->queued && c->queued + total > c->high) {
-    c->drain_wanted = true;
-    return -ENOBUFS;
-  }
-  struct weft__wreq *w = wreq_new(c, iovcnt);
-  if (!w)
-    return -ENOMEM;
-  memcpy(w->iov, iov, sizeof(*iov) * (size_t)iovcnt);
-  w->iovcnt = iovcnt;
-  w->iovpos = 0;
-  w->left = total;
-  w->fn = fn;
-  w->arg = arg;
-  w->next = NULL;
-  if (c->wq_tail) {
-    c->wq_tail->next = w;
-  } else {
-    c->wq_head = w;
-    if (c->tmo)
-      weft__tmo_write_queued(c);
-  }
-  c->wq_tail = w;
-  c->queued += total;
-  pump_writes(c);
-  if (c->done_head)
-    weft__sock_kick(&c->s); /* completions run in the handler */
-  return 0;
-}
-
-int weft_tcp_write(weft_tcp *tcp, const void *buf, size_t len, weft_write_fn fn,
-                   void *arg) {
-  struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
-  return weft_tcp_writev(tcp, &v, 1, fn, arg);
-}
-
-size_t weft_tcp_queued(const weft_tcp *tcp) {
-  return tcp ? weft__conn_of(tcp)->queued : 0;
-}
-
-int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
-                            weft_drain_fn fn, void *arg) {
-  struct weft__conn *c = weft__conn_of(tcp);
-  if (low > high || !high)
-    return -EINVAL;
-  int r = weft__tcp_on_strand(c, "weft_tcp_set_watermarks");
-  if (r)
-    return r;
-  c->low = low;
-  c->high = high;
-  c->dfn = fn;
-  c->darg = arg;
-  return 0;
-}
-
 int weft_tcp_shutdown(weft_tcp *tcp) {
   struct weft__conn *c = weft__conn_of(tcp);
   int r = weft__tcp_usable(c, "weft_tcp_shutdown");
@@ -748,7 +394,7 @@ int weft_tcp_shutdown(weft_tcp *tcp) {
   if (c->shut_req)
     return -EALREADY;
   c->shut_req = true;
-  pump_writes(c);
+  weft__send_pump(c);
   return 0;
 }
 

@@ -1,9 +1,9 @@
 /*
  * tcp.h, tcp.c - TCP connections: a socket (sock.h) with a connection's
  * state: creation (connect, accept), the strand handler's state machine,
- * writes (queue, partial sends, backpressure), connecting with a timeout,
- * half-close, close, and the public weft_tcp_* calls. Receiving is
- * tcp_recv.c's, options and addresses tcp_opt.c's.
+ * connecting with a timeout, half-close, close, and the public weft_tcp_*
+ * calls. Receiving is tcp_recv.c's, writing tcp_send.c's, options and
+ * addresses tcp_opt.c's.
  *
  * Everything here is touched only on the connection's strand, but `ev`
  * (sock.h) and what the io_uring reaper shares with the strand for a
@@ -29,6 +29,8 @@
 
 #define WEFT_SEND_IOV 64
 
+/* A write: iovcnt buffers, or, for a file send, file_fd >= 0 and no
+ * buffers (its bytes are the file's from file_off on). */
 struct weft__wreq {
   struct weft__wreq *next;
   weft_write_fn fn;
@@ -37,6 +39,8 @@ struct weft__wreq {
   int iovcnt, iovpos;
   size_t left; /* bytes of this write not yet sent */
   int status;  /* completion: 0 or negative errno */
+  int file_fd;
+  off_t file_off;
   struct iovec inl[2];
 };
 
@@ -66,7 +70,9 @@ struct weft__conn {
   bool readable, writable;    /* epoll: edge seen, EAGAIN not yet */
   bool hup;                   /* epoll: EOF or error queued: reads never wait */
   /* rd_inflight: a one-shot receive, or the connect, is in the kernel */
+  /* wr_inflight: a send, or (wr_poll) a poll for room, is in the kernel */
   bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
+  bool wr_poll;
   bool rd_short;     /* uring: the last receive drained the socket */
   bool rd_pollfirst; /* uring: the receive in flight waits for data first */
   /* uring's multishot receive (tcp_recv.c): rd_multi while one is in the

@@ -170,7 +170,7 @@ static void fail_queued(struct udp *u) {
 
 static void poll_submit(struct udp *u) {
   struct weft__shard *sh = weft__local_begin(u->s.rt);
-  u->polling = weft__io_poll_in(sh, u->s.fd, &u->s.ioh) == 0;
+  u->polling = weft__io_poll_fd(sh, u->s.fd, WEFT_IO_IN, &u->s.ioh) == 0;
   weft__local_end(sh);
   if (!u->polling)
     weft__sock_kick(&u->s);
@@ -310,7 +310,7 @@ static void udp_done(struct weft__ioh *h, struct weft__shard *local,
   if (op == WEFT_OP_SEND) {
     u->wres = cqe->res;
     weft__sock_signal(local, &u->s, EV_WDONE, WEFT_GEN_ANY);
-  } else { /* WEFT_OP_POLLIN: whatever it says, recvmmsg tells */
+  } else { /* WEFT_OP_POLL: whatever it says, recvmmsg tells */
     weft__sock_signal(local, &u->s, EV_POLLED, WEFT_GEN_ANY);
   }
 }

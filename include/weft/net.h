@@ -249,6 +249,26 @@ WEFT_API int weft_tcp_write(weft_tcp *c, const void *buf, size_t len,
 WEFT_API int weft_tcp_writev(weft_tcp *c, const struct iovec *iov, int iovcnt,
                              weft_write_fn fn, void *arg);
 
+/* Queues len bytes of the file fd from offset off, sent in order with the
+ * writes (after those queued before it, before those queued after), with
+ * no copy through user space (sendfile(2)); fn (may be NULL) runs once
+ * when they are sent or failed. fd must stay open until fn runs (with fn
+ * NULL: until the close callback); the file's position is not used or
+ * changed. The bytes are read from the file on the connection's strand as
+ * the socket takes them: a file that is not in the page cache delays that
+ * strand, and no other, while the kernel reads it from disk (the monitor
+ * moves the rest of its shard on). File bytes hold no memory and do not
+ * count toward the watermarks. A zero-length send completes in order.
+ * Status: 0, or as for a write, and -ENODATA when the file ends before
+ * len bytes, or sendfile's own error (-EIO, -EBADF if fd was opened
+ * write-only): the connection's later writes then fail too, since the
+ * peer would read them as the file's bytes.
+ * Errors: -EBADF (fd not open, or the connection's), -EINVAL (fd not a
+ * regular file or block device, off negative, off + len overflows),
+ * -EPIPE, -ENOTCONN, -EPERM, -ESHUTDOWN, -ENOMEM. */
+WEFT_API int weft_tcp_sendfile(weft_tcp *c, int fd, int64_t off, size_t len,
+                               weft_write_fn fn, void *arg);
+
 /* Bytes queued for sending and not yet in the kernel. On the strand. */
 WEFT_API size_t weft_tcp_queued(const weft_tcp *c);
 

@@ -1,0 +1,505 @@
+/*
+ * tcp_send.c - a connection's writes (tcp_send.h). Owns the write queue
+ * (struct weft__wreq: tcp.h, since a connection embeds one) and the
+ * runtime's send buffers in use.
+ *
+ * Writes leave in the order they were queued. With io_uring one send is
+ * in the kernel at a time (its iovecs gathered into a pooled send buffer
+ * that the kernel reads until the completion), so bytes cannot overtake
+ * each other; with epoll, non-blocking sends on readiness. A file send
+ * (weft_tcp_sendfile) is a write whose bytes come from a file: it goes by
+ * sendfile(2) on the strand once every write before it has gone, never in
+ * a gathered send, and when the socket is full the strand waits for room
+ * (epoll's edge, or a one-shot poll in the ring).
+ */
+#include "tcp_send.h"
+
+#include "io.h"
+#include "rt.h"
+#include "shard.h"
+#include "tcp_timeout.h"
+#include "thread.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* The most bytes a connection sends by direct send(2) calls in one go (a
+ * write call, or one turn of its strand); the rest goes in later turns.
+ * Without the bound, a large write to a reader that keeps draining the
+ * socket looped inside the call for as long as the whole transfer took,
+ * holding the shard and every strand on it. */
+#define SEND_BUDGET ((size_t)1 << 20)
+
+/* ---- write completions ------------------------------------------------- */
+
+static void wreq_release(struct weft__conn *c, struct weft__wreq *w) {
+  if (w->iov != w->inl)
+    free(w->iov);
+  if (w == &c->wr_inline)
+    c->wr_inline_busy = false;
+  else
+    free(w);
+}
+
+static void wreq_done(struct weft__conn *c, struct weft__wreq *w, int status) {
+  if (!w->fn) {
+    wreq_release(c, w); /* nobody to tell: no callback to order */
+    return;
+  }
+  w->status = status;
+  w->next = NULL;
+  if (c->done_tail)
+    c->done_tail->next = w;
+  else
+    c->done_head = w;
+  c->done_tail = w;
+}
+
+/* Calls the due write callbacks, then the drain callback; only from the
+ * strand handler (never inside a weft_tcp_* call). */
+void weft__send_flush(struct weft__conn *c) {
+  while (c->done_head) {
+    struct weft__wreq *w = c->done_head;
+    c->done_head = w->next;
+    if (!c->done_head)
+      c->done_tail = NULL;
+    weft_write_fn fn = w->fn;
+    void *arg = w->arg;
+    int status = w->status;
+    wreq_release(c, w);
+    weft__calling((void *)fn);
+    fn(arg, (weft_tcp *)c, status);
+  }
+  if (c->drain_wanted && c->queued <= c->low && c->s.state == ST_OPEN) {
+    c->drain_wanted = false;
+    if (c->dfn) {
+      weft__calling((void *)c->dfn);
+      c->dfn(c->darg, (weft_tcp *)c);
+    }
+  }
+}
+
+/* Every queued write fails with status (close, error). */
+void weft__send_fail(struct weft__conn *c, int status) {
+  while (c->wq_head) {
+    struct weft__wreq *w = c->wq_head;
+    c->wq_head = w->next;
+    wreq_done(c, w, status);
+  }
+  c->wq_tail = NULL;
+  c->queued = 0;
+}
+
+/* n bytes of the queue were sent: complete the writes now fully sent
+ * (zero-length ones at the head included). */
+static void advance(struct weft__conn *c, size_t n) {
+  if (n && c->tmo)
+    weft__tmo_progress(c, true);
+  c->queued -= n;
+  while (c->wq_head) {
+    struct weft__wreq *w = c->wq_head;
+    while (n && w->iovpos < w->iovcnt) {
+      struct iovec *v = &w->iov[w->iovpos];
+      size_t k = n < v->iov_len ? n : v->iov_len;
+      v->iov_base = (char *)v->iov_base + k;
+      v->iov_len -= k;
+      w->left -= k;
+      n -= k;
+      if (!v->iov_len)
+        w->iovpos++;
+    }
+    while (w->iovpos < w->iovcnt && !w->iov[w->iovpos].iov_len)
+      w->iovpos++;
+    if (w->left)
+      break;
+    c->wq_head = w->next;
+    if (!c->wq_head)
+      c->wq_tail = NULL;
+    wreq_done(c, w, 0);
+  }
+}
+
+/* Gathers the queue's unsent iovecs into sb, at most max bytes of them,
+ * up to the first file send; returns how many iovecs. */
+static int gather(struct weft__conn *c, struct weft__sendbuf *sb, size_t max) {
+  int k = 0;
+  size_t bytes = 0;
+  for (struct weft__wreq *w = c->wq_head;
+       w && w->file_fd < 0 && k < WEFT_SEND_IOV && bytes < max; w = w->next)
+    for (int i = w->iovpos; i < w->iovcnt && k < WEFT_SEND_IOV && bytes < max;
+         i++)
+      if (w->iov[i].iov_len) {
+        sb->iov[k] = w->iov[i];
+        if (sb->iov[k].iov_len > max - bytes)
+          sb->iov[k].iov_len = max - bytes;
+        bytes += sb->iov[k++].iov_len;
+      }
+  memset(&sb->msg, 0, sizeof(sb->msg));
+  sb->msg.msg_iov = sb->iov;
+  sb->msg.msg_iovlen = (size_t)k;
+  sb->bytes = bytes;
+  return k;
+}
+
+/* ---- sending ------------------------------------------------------------- */
+
+static void write_failed(struct weft__conn *c, int err) {
+  if (!c->err)
+    c->err = err;
+  weft__send_fail(c, err);
+}
+
+/* A non-blocking send of the gathered bytes: send(2) for one buffer, which
+ * spares the kernel copying in a msghdr and an iovec, sendmsg(2) for
+ * several. */
+static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
+  if (sb->msg.msg_iovlen == 1)
+    return send(c->s.fd, sb->iov[0].iov_base, sb->iov[0].iov_len,
+                MSG_NOSIGNAL | MSG_DONTWAIT);
+  return sendmsg(c->s.fd, &sb->msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+/* sendfile(2) of at most max bytes of the file send at the head of the
+ * queue: the bytes sent. 0 when the socket is full (writable cleared),
+ * or on an error, which fails the queue: the peer would take the writes
+ * after a file send cut short for the file's bytes. A file that ends
+ * before len bytes is -ENODATA. */
+static size_t send_file(struct weft__conn *c, size_t max) {
+  struct weft__wreq *w = c->wq_head;
+  ssize_t n = sendfile(c->s.fd, w->file_fd, &w->file_off,
+                       w->left < max ? w->left : max);
+  if (n > 0) {
+    if (c->tmo)
+      weft__tmo_progress(c, true);
+    w->left -= (size_t)n;
+    if (!w->left)
+      advance(c, 0);
+    return (size_t)n;
+  }
+  if (n == 0)
+    write_failed(c, -ENODATA);
+  else if (errno == EAGAIN || errno == EWOULDBLOCK)
+    c->writable = false;
+  else if (errno != EINTR)
+    write_failed(c, -errno);
+  return 0;
+}
+
+/* Readiness: send what the socket takes now, up to SEND_BUDGET bytes;
+ * beyond that the strand's next turn goes on. */
+static void send_now(struct weft__conn *c) {
+  struct weft__sendbuf sb;
+  size_t budget = SEND_BUDGET;
+  while (c->wq_head && c->writable) {
+    if (!budget) {
+      weft__sock_yield(&c->s);
+      return;
+    }
+    if (c->wq_head->file_fd >= 0 && c->wq_head->left) {
+      budget -= send_file(c, budget);
+      continue;
+    }
+    if (!gather(c, &sb, budget)) {
+      advance(c, 0); /* only zero-length writes left */
+      continue;
+    }
+    ssize_t n = send_direct(c, &sb);
+    if (n >= 0) {
+      advance(c, (size_t)n);
+      budget -= (size_t)n;
+    } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      c->writable = false;
+    } else if (errno != EINTR) {
+      write_failed(c, -errno);
+    }
+  }
+}
+
+static struct weft__sendbuf *sendbuf_get(weft_rt *rt, struct weft__shard *sh) {
+  return weft__pool_alloc(&rt->net.send_pool, sh ? &sh->cache.send : NULL);
+}
+
+static void sendbuf_put(struct weft__conn *c) {
+  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  weft__pool_free(&c->s.rt->net.send_pool, sh ? &sh->cache.send : NULL, c->sb);
+  weft__local_end(sh);
+  c->sb = NULL;
+}
+
+/* One sendmsg in the ring of the calling thread's shard, leaving with that
+ * thread's next kernel entry: when it runs out of work, or within 8 more
+ * items (io.c), or, if one of those runs long, when the monitor hands the
+ * shard on with its ring. The replies of a burst of requests then leave
+ * in one entry and reach the peers as one burst. true: it is in the ring
+ * (wr_inflight, sb held until it completes). */
+static bool send_ring(struct weft__conn *c) {
+  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  bool in =
+      sh && c->sb && weft__io_send(sh, c->s.fd, &c->sb->msg, &c->s.ioh) == 0;
+  weft__local_end(sh);
+  c->wr_inflight = in;
+  return in;
+}
+
+/* A one-shot poll for room in the socket, in the calling thread's ring
+ * (wr_inflight and wr_poll until it completes); false without an entry. */
+static bool poll_room(struct weft__conn *c) {
+  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  bool in = sh && weft__io_poll_fd(sh, c->s.fd, WEFT_IO_OUT, &c->s.ioh) == 0;
+  weft__local_end(sh);
+  c->wr_inflight = c->wr_poll = in;
+  return in;
+}
+
+/* The file send at the head of the queue, with completions: sendfile(2)
+ * while the socket takes bytes and budget lasts, then a poll for room.
+ * false: the strand goes on in a later turn. */
+static bool submit_file(struct weft__conn *c, size_t *budget) {
+  if (c->sb)
+    sendbuf_put(c);
+  /* The socket is blocking here (io.h, weft__io_sock_flags), and sendfile
+   * has no MSG_DONTWAIT: it is made non-blocking for these calls only. A
+   * receive in the ring meanwhile may complete with -EAGAIN (an
+   * O_NONBLOCK socket gives that to an operation io_uring hands to its
+   * workers; liburing#364), which tcp_recv.c takes as a reason to try
+   * again. No send is in the ring: one at a time, and this is the head. */
+  if (c->writable && *budget) {
+    int on = 1, off = 0;
+    if (ioctl(c->s.fd, FIONBIO, &on) < 0) {
+      write_failed(c, -errno);
+      return true;
+    }
+    while (*budget && c->wq_head && c->wq_head->file_fd >= 0 &&
+           c->wq_head->left && c->writable)
+      *budget -= send_file(c, *budget);
+    ioctl(c->s.fd, FIONBIO, &off);
+  }
+  if (!c->wq_head || c->wq_head->file_fd < 0 || !c->wq_head->left)
+    return true;
+  if (!c->writable && poll_room(c))
+    return true;
+  weft__sock_yield(&c->s); /* the budget is spent, or no ring entry */
+  return false;
+}
+
+/* Completions: one send in the kernel at a time, so bytes stay in order.
+ * Without a ring entry (a thread without a shard, a full ring) a
+ * non-blocking send goes directly, or the strand tries again later. */
+static void send_submit(struct weft__conn *c) {
+  size_t budget = SEND_BUDGET; /* of direct sends */
+  while (c->wq_head && !c->wr_inflight) {
+    if (c->wq_head->file_fd >= 0 && c->wq_head->left) {
+      if (!submit_file(c, &budget))
+        break;
+      continue;
+    }
+    if (!c->sb) {
+      struct weft__shard *sh = weft__local_begin(c->s.rt);
+      c->sb = sendbuf_get(c->s.rt, sh);
+      weft__local_end(sh);
+      if (!c->sb) {
+        weft__sock_kick(&c->s); /* no memory now: later */
+        return;
+      }
+    }
+    if (!gather(c, c->sb, SIZE_MAX)) {
+      advance(c, 0);
+      continue;
+    }
+    if (send_ring(c))
+      return;
+    if (c->writable && budget) {
+      if (!gather(c, c->sb, budget))
+        continue; /* cannot be: gathered above */
+      ssize_t n = send_direct(c, c->sb);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
+        write_failed(c, -errno);
+        break;
+      }
+      bool all = n > 0 && (size_t)n == c->sb->bytes;
+      if (n > 0) {
+        advance(c, (size_t)n);
+        budget -= (size_t)n;
+      }
+      if (all)
+        continue;
+      c->writable = false; /* full: only the ring waits for room */
+    }
+    weft__sock_yield(&c->s); /* later, on a thread with a ring entry */
+    break;
+  }
+  if (c->sb && !c->wr_inflight)
+    sendbuf_put(c);
+}
+
+void weft__send_pump(struct weft__conn *c) {
+  if (c->s.state != ST_OPEN)
+    return;
+  if (weft__io_completes(c->s.rt))
+    send_submit(c);
+  else
+    send_now(c);
+  if (!c->wq_head && c->shut_req && !c->shut_sent && !c->wr_inflight) {
+    c->shut_sent = true;
+    shutdown(c->s.fd, SHUT_WR);
+  }
+}
+
+void weft__send_completed(struct weft__conn *c) {
+  c->wr_inflight = false;
+  if (c->wr_poll) { /* whatever it says, the next sendfile tells */
+    c->wr_poll = false;
+    c->writable = true;
+    return;
+  }
+  int res = c->wres;
+  size_t bytes = c->sb->bytes;
+  sendbuf_put(c);
+  if (res >= 0) {
+    advance(c, (size_t)res);
+    if ((size_t)res == bytes)
+      c->writable = true; /* it all went: room for a direct send */
+    return;
+  }
+  /* -ECANCELED while open: its submitter exited (io_uring.c). These leave
+   * the queue as it was, and weft__send_pump sends again. */
+  if (res == -EINTR || res == -EAGAIN ||
+      (res == -ECANCELED && c->s.state == ST_OPEN))
+    return;
+  write_failed(c, c->s.state == ST_CLOSING ? weft__tcp_close_status(c) : res);
+}
+
+/* ---- the API ------------------------------------------------------------- */
+
+static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
+  struct weft__wreq *w;
+  if (!c->wr_inline_busy) {
+    w = &c->wr_inline;
+    c->wr_inline_busy = true;
+  } else if (!(w = malloc(sizeof(*w)))) {
+    return NULL;
+  }
+  w->iov = w->inl;
+  w->file_fd = -1;
+  if (iovcnt > 2 && !(w->iov = malloc(sizeof(struct iovec) * (size_t)iovcnt))) {
+    if (w == &c->wr_inline)
+      c->wr_inline_busy = false;
+    else
+      free(w);
+    return NULL;
+  }
+  return w;
+}
+
+/* Appends w, of len bytes, to the queue and sends what can go now. */
+static void enqueue(struct weft__conn *c, struct weft__wreq *w, size_t len,
+                    weft_write_fn fn, void *arg) {
+  w->iovpos = 0;
+  w->left = len;
+  w->fn = fn;
+  w->arg = arg;
+  w->next = NULL;
+  if (c->wq_tail) {
+    c->wq_tail->next = w;
+  } else {
+    c->wq_head = w;
+    if (c->tmo)
+      weft__tmo_write_queued(c);
+  }
+  c->wq_tail = w;
+  weft__send_pump(c);
+  if (c->done_head)
+    weft__sock_kick(&c->s); /* completions run in the handler */
+}
+
+int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
+                    weft_write_fn fn, void *arg) {
+  struct weft__conn *c = weft__conn_of(tcp);
+  int r = weft__tcp_usable(c, "weft_tcp_write");
+  if (r)
+    return r;
+  if (!iov || iovcnt < 1 || iovcnt > 1024)
+    return -EINVAL;
+  size_t total = 0;
+  for (int i = 0; i < iovcnt; i++) {
+    if ((!iov[i].iov_base && iov[i].iov_len) || total + iov[i].iov_len < total)
+      return -EINVAL;
+    total += iov[i].iov_len;
+  }
+  if (c->shut_req || c->err)
+    return -EPIPE;
+  if (c->queued && c->queued + total > c->high) {
+    c->drain_wanted = true;
+    return -ENOBUFS;
+  }
+  struct weft__wreq *w = wreq_new(c, iovcnt);
+  if (!w)
+    return -ENOMEM;
+  memcpy(w->iov, iov, sizeof(*iov) * (size_t)iovcnt);
+  w->iovcnt = iovcnt;
+  c->queued += total;
+  enqueue(c, w, total, fn, arg);
+  return 0;
+}
+
+int weft_tcp_sendfile(weft_tcp *tcp, int fd, int64_t off, size_t len,
+                      weft_write_fn fn, void *arg) {
+  struct weft__conn *c = weft__conn_of(tcp);
+  int r = weft__tcp_usable(c, "weft_tcp_sendfile");
+  if (r)
+    return r;
+  if (fd < 0)
+    return -EBADF;
+  if (off < 0 || len > (size_t)INT64_MAX - (size_t)off)
+    return -EINVAL;
+  /* Only a file that never makes sendfile wait: from a pipe or a socket
+   * it could answer EAGAIN while the connection has room, and the strand
+   * would wait for room it already has. */
+  struct stat st;
+  if (fstat(fd, &st) < 0)
+    return -errno;
+  if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode))
+    return -EINVAL;
+  if (c->shut_req || c->err)
+    return -EPIPE;
+  struct weft__wreq *w = wreq_new(c, 0);
+  if (!w)
+    return -ENOMEM;
+  w->iovcnt = 0;
+  w->file_fd = fd;
+  w->file_off = (off_t)off;
+  enqueue(c, w, len, fn, arg); /* holds no memory: not in c->queued */
+  return 0;
+}
+
+int weft_tcp_write(weft_tcp *tcp, const void *buf, size_t len, weft_write_fn fn,
+                   void *arg) {
+  struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
+  return weft_tcp_writev(tcp, &v, 1, fn, arg);
+}
+
+size_t weft_tcp_queued(const weft_tcp *tcp) {
+  return tcp ? weft__conn_of(tcp)->queued : 0;
+}
+
+int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
+                            weft_drain_fn fn, void *arg) {
+  struct weft__conn *c = weft__conn_of(tcp);
+  if (low > high || !high)
+    return -EINVAL;
+  int r = weft__tcp_on_strand(c, "weft_tcp_set_watermarks");
+  if (r)
+    return r;
+  c->low = low;
+  c->high = high;
+  c->dfn = fn;
+  c->darg = arg;
+  return 0;
+}
