@@ -1,8 +1,9 @@
 /*
  * test_examples: the network examples (build/examples/echo, udp_echo,
- * http_hello, tcp_proxy, chat) do what they say, as separate processes driven
- * over loopback by plain non-blocking sockets, once with WEFT_BACKEND=epoll and
- * once with WEFT_BACKEND=uring (skipped where io_uring cannot be set up).
+ * http_hello, file_server, tcp_proxy, chat) do what they say, as separate
+ * processes driven over loopback by plain non-blocking sockets, once with
+ * WEFT_BACKEND=epoll and once with WEFT_BACKEND=uring (skipped where io_uring
+ * cannot be set up).
  *
  * Each example is started with --port 0 --threads 2; its first stdout line
  * must be "listening on PORT". At the end it gets SIGTERM, with
@@ -20,6 +21,11 @@
  *    exactly five responses; "connection: Close" gets
  *    the close response, then EOF; a pipelined keep-alive + close pair gets
  *    both, then EOF; 8 KiB without an end of headers gets 431, then EOF.
+ *  - file_server: over one keep-alive connection, a 300 KiB file whole,
+ *    then pipelined a HEAD, two byte ranges and the index of "/", then
+ *    404, 400 for ".." (plain or percent-encoded), 404 for a directory,
+ *    405, 416; then "Connection: close" gets the file, then EOF. A
+ *    connection in the middle of a large body is open at the SIGTERM.
  *  - tcp_proxy: in front of echo, 1 MiB round trip as above (half-close
  *    passes through both ways); with a backend port nobody listens on (and
  *    a one-minute connect timeout) the client is closed; with a short idle
@@ -38,6 +44,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/io_uring.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -707,6 +714,116 @@ static void test_chat(void **state) {
   xt_expect_no_more(&d, "nameless");
 }
 
+/* file_server: files under a fresh directory, over keep-alive. */
+#define FS_BIG (300u * 1024)
+
+static void fs_write_file(const char *dir, const char *name, const void *p,
+                          size_t n) {
+  char path[PATH_MAX];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, p, n), (ssize_t)n);
+  close(fd);
+}
+
+/* Receives a head equal to head, then n bytes equal to body. */
+static void fs_expect(int fd, const char *head, const void *body, size_t n,
+                      const char *what) {
+  xt_expect(fd, head, strlen(head), what);
+  unsigned char *got = malloc(n + 1);
+  assert_non_null(got);
+  uint64_t deadline = tu_deadline_ns(TU_WAIT_S);
+  for (size_t have = 0; have < n;) {
+    ssize_t k = xt_recv_some(fd, got + have, n - have, deadline);
+    if (k <= 0)
+      fail_msg("%s: body ended after %zu of %zu bytes", what, have, n);
+    have += (size_t)k;
+  }
+  if (memcmp(got, body, n) != 0)
+    fail_msg("%s: the body differs from the file", what);
+  free(got);
+}
+
+static void test_file_server(void **state) {
+  xt_begin(state, "file_server");
+  char dir[] = "/tmp/weft-files-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char sub[PATH_MAX];
+  snprintf(sub, sizeof sub, "%s/sub", dir);
+  assert_int_equal(mkdir(sub, 0755), 0);
+  unsigned char *big = malloc(FS_BIG);
+  assert_non_null(big);
+  uint64_t seed = 5;
+  for (size_t i = 0; i < FS_BIG; i++)
+    big[i] = (unsigned char)tu_rand(&seed);
+  fs_write_file(dir, "big.bin", big, FS_BIG);
+  fs_write_file(dir, "index.html", "<p>hi</p>", 9);
+  fs_write_file(dir, "sub/a.txt", "0123456789", 10);
+  const char *const args[] = {"--root", dir, NULL};
+  xt_child *srv = xt_start("file_server", args);
+
+  int ka = xt_connect(srv->port);
+  xt_send_str(ka, "GET /big.bin HTTP/1.1\r\nHost: x\r\n\r\n");
+  fs_expect(ka,
+            "HTTP/1.1 200 OK\r\nContent-Length: 307200\r\nContent-Type: "
+            "application/octet-stream\r\n\r\n",
+            big, FS_BIG, "GET /big.bin");
+  /* Pipelined: HEAD, a range, the index, then refusals, on one
+   * connection that stays open throughout. */
+  xt_send_str(ka, "HEAD /sub/a.txt HTTP/1.1\r\n\r\n"
+                  "GET /sub/a.txt HTTP/1.1\r\nRange: bytes=2-4\r\n\r\n"
+                  "GET /sub/a.txt HTTP/1.1\r\nrange: bytes=-3\r\n\r\n"
+                  "GET / HTTP/1.1\r\n\r\n");
+  const char *txt = "Content-Type: text/plain\r\n";
+  char want[512];
+  snprintf(want, sizeof want,
+           "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n%s\r\n"
+           "HTTP/1.1 206 Partial Content\r\nContent-Length: 3\r\n%s"
+           "Content-Range: bytes 2-4/10\r\n\r\n234"
+           "HTTP/1.1 206 Partial Content\r\nContent-Length: 3\r\n%s"
+           "Content-Range: bytes 7-9/10\r\n\r\n789"
+           "HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Type: "
+           "text/html\r\n\r\n<p>hi</p>",
+           txt, txt, txt);
+  xt_expect(ka, want, strlen(want), "HEAD, two ranges and the index");
+  xt_send_str(ka, "GET /missing HTTP/1.1\r\n\r\n"
+                  "GET /../etc/passwd HTTP/1.1\r\n\r\n"
+                  "GET /sub/%2e%2e/big.bin HTTP/1.1\r\n\r\n"
+                  "GET /sub HTTP/1.1\r\n\r\n"
+                  "POST / HTTP/1.1\r\n\r\n"
+                  "GET /sub/a.txt HTTP/1.1\r\nRange: bytes=10-\r\n\r\n");
+  static const char refusals[] =
+      "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+      "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+      "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n"
+      "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+      "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n"
+      "Allow: GET, HEAD\r\n\r\n"
+      "HTTP/1.1 416 Range Not Satisfiable\r\nContent-Length: 0\r\n"
+      "Content-Range: bytes */10\r\n\r\n";
+  xt_expect(ka, refusals, sizeof refusals - 1, "the refusals");
+  xt_send_str(ka, "GET /sub/a.txt HTTP/1.1\r\nConnection: close\r\n\r\n");
+  snprintf(want, sizeof want,
+           "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n%s"
+           "Connection: close\r\n\r\n0123456789",
+           txt);
+  assert_string_equal(xt_read_to_close(ka), want);
+  close(ka);
+  /* Left open across the SIGTERM, in the middle of a large body. */
+  int idle = xt_connect(srv->port);
+  xt_send_str(idle, "GET /big.bin HTTP/1.1\r\n\r\n");
+  xt_stop(srv);
+  close(idle);
+  const char *names[] = {"big.bin", "index.html", "sub/a.txt", "sub", ""};
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    assert_int_equal(i < 3 ? unlink(path) : rmdir(path), 0);
+  }
+  free(big);
+}
+
 /* ------------------------------------------------------------------ main */
 
 /* Each check once per backend, named after both. */
@@ -718,8 +835,9 @@ int main(void) {
   tu_watchdog_start();
   signal(SIGPIPE, SIG_IGN);
   const struct CMUnitTest tests[] = {
-      XT_BOTH(test_echo), XT_BOTH(test_echo_unix), XT_BOTH(test_udp_echo),
-      XT_BOTH(test_http), XT_BOTH(test_proxy),     XT_BOTH(test_chat),
+      XT_BOTH(test_echo), XT_BOTH(test_echo_unix),   XT_BOTH(test_udp_echo),
+      XT_BOTH(test_http), XT_BOTH(test_file_server), XT_BOTH(test_proxy),
+      XT_BOTH(test_chat),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
