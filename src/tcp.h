@@ -49,7 +49,8 @@ struct weft__wreq {
  * the runtime's send pool. */
 struct weft__sendbuf {
   struct msghdr msg;
-  size_t bytes; /* gathered into msg */
+  size_t bytes;   /* gathered into msg */
+  bool file_next; /* a file send follows them in the queue */
   struct iovec iov[WEFT_SEND_IOV];
 };
 
