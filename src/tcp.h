@@ -74,6 +74,7 @@ struct weft__conn {
   /* wr_inflight: a send, or (wr_poll) a poll for room, is in the kernel */
   bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
   bool wr_poll;
+  bool nonblock;     /* uring: made O_NONBLOCK for sendfile (tcp_send.c) */
   bool rd_short;     /* uring: the last receive drained the socket */
   bool rd_pollfirst; /* uring: the receive in flight waits for data first */
   /* uring's multishot receive (tcp_recv.c): rd_multi while one is in the

@@ -264,22 +264,23 @@ static bool poll_room(struct weft__conn *c) {
 static bool submit_file(struct weft__conn *c, size_t *budget) {
   if (c->sb)
     sendbuf_put(c);
-  /* The socket is blocking here (io.h, weft__io_sock_flags), and sendfile
-   * has no MSG_DONTWAIT: it is made non-blocking for these calls only. A
-   * receive in the ring meanwhile may complete with -EAGAIN (an
-   * O_NONBLOCK socket gives that to an operation io_uring hands to its
-   * workers; liburing#364), which tcp_recv.c takes as a reason to try
-   * again. No send is in the ring: one at a time, and this is the head. */
+  /* The socket starts blocking (io.h, weft__io_sock_flags), and sendfile
+   * has no MSG_DONTWAIT: at the first file send it is made non-blocking,
+   * for good, which spares two calls per file send. The ring's operations
+   * on it may then complete with -EAGAIN (an O_NONBLOCK socket gives that
+   * to one io_uring hands to its workers; liburing#364): a receive takes
+   * it as a reason to try again (tcp_recv.c), and a send leaves the queue
+   * as it was, to be sent again (weft__send_completed). */
   if (c->writable && *budget) {
-    int on = 1, off = 0;
-    if (ioctl(c->s.fd, FIONBIO, &on) < 0) {
+    int on = 1;
+    if (!c->nonblock && ioctl(c->s.fd, FIONBIO, &on) < 0) {
       write_failed(c, -errno);
       return true;
     }
+    c->nonblock = true;
     while (*budget && c->wq_head && c->wq_head->file_fd >= 0 &&
            c->wq_head->left && c->writable)
       *budget -= send_file(c, *budget);
-    ioctl(c->s.fd, FIONBIO, &off);
   }
   if (!c->wq_head || c->wq_head->file_fd < 0 || !c->wq_head->left)
     return true;
