@@ -292,7 +292,9 @@ WEFT_API const char *weft_rt_backend_name(const weft_rt *rt);
 WEFT_API int weft_strand_create(weft_rt *rt, weft_strand **s);
 
 /* Gives the strand up. Handlers already posted still run (or are cancelled
- * at shutdown); the memory is reclaimed after the last one. Posting to a
+ * at shutdown), and so do the callbacks of operations still in flight that
+ * complete on it (weft_blocking's done, weft_resolve, weft_fs_*); the
+ * memory is reclaimed after the last of them. Posting to a
  * released strand is a bug: while its handlers are pending it fails with
  * -EBADF; after that, debug builds (WEFT_DEBUG) still catch it with -EBADF
  * and release builds have undefined behaviour. Releasing twice is a bug of
@@ -419,8 +421,9 @@ typedef uint64_t weft_job;
  * A job is accepted only when a pool thread will run it: when no pool
  * thread runs and none can be started, the call fails and done is not
  * called. Errors: -EINVAL (rt, work or done NULL), -EXDEV (done_strand of
- * another runtime), -EAGAIN (blocking_queue jobs already wait, or no pool
- * thread could be started), -ESHUTDOWN, -ENOMEM. Any thread. */
+ * another runtime), -EBADF (done_strand released), -EAGAIN (blocking_queue jobs
+ * already wait, or no pool thread could be started), -ESHUTDOWN, -ENOMEM. Any
+ * thread. */
 WEFT_API int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
                            weft_strand *done_strand, weft_done_fn done,
                            weft_job *job);

@@ -13,7 +13,9 @@
  *
  * done is delivered as an ordinary handler (on done_strand, or on any
  * worker), queued before the job stops counting as busy work outside the
- * run loop (rt.c), so a shutdown cannot finish between the two.
+ * run loop (rt.c), so a shutdown cannot finish between the two. An
+ * accepted job holds done_strand (strand.h) until its done is queued, so
+ * a strand released meanwhile still takes it.
  */
 #include "blocking.h"
 
@@ -136,7 +138,9 @@ static void deliver(weft_rt *rt, struct job *j) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  weft__node_post(rt, local, j->strand, n, false);
+  weft_strand *st = j->strand; /* j may be reused once done has run */
+  weft__node_post(rt, local, st, n, false);
+  weft__strand_unhold(st); /* taken by weft__blocking_submit */
   weft__local_end(local);
   weft__busy_drop(rt, 1);
 }
@@ -237,8 +241,9 @@ int weft_blocking(weft_rt *rt, weft_work_fn work, void *arg,
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
-  if (done_strand && done_strand->rt != rt)
-    return -EXDEV;
+  int sr = weft__strand_usable(rt, done_strand);
+  if (sr)
+    return sr;
   return weft__blocking_submit(rt, rt->blocking, work, arg, done_strand, done,
                                job);
 }
@@ -287,7 +292,8 @@ int weft__blocking_submit(weft_rt *rt, struct weft__blocking *b,
     slot_put(b, j);
   } else {
     r = 0;
-    weft__busy_add(rt, 1); /* dropped by deliver */
+    weft__busy_add(rt, 1);          /* dropped by deliver */
+    weft__strand_hold(done_strand); /* dropped by deliver */
     if (job)
       *job = j->id;
   }

@@ -8,8 +8,10 @@
  * pool job's done), calls fn once and frees the request. A ring request is
  * busy work (rt.c) from its submission until its completion is posted, so
  * a shutdown waits for an operation the kernel still holds; the pool
- * counts its jobs itself. Calls from a thread outside the runtime have no
- * ring to use: they go to the pool. A ring that is full also sends the
+ * counts its jobs itself. Either way the request holds its strand
+ * (strand.h) until deliver() is queued, so the strand may be released
+ * meanwhile (a connection's, closing). Calls from a thread outside the runtime
+ * have no ring to use: they go to the pool. A ring that is full also sends the
  * operation to the pool rather than fail it.
  */
 #include "blocking.h"
@@ -90,7 +92,9 @@ static void ring_done(struct weft__ioh *h, struct weft__shard *local,
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  weft__node_post(rt, local, q->strand, n, false);
+  weft_strand *st = q->strand; /* q may be gone once fn has run */
+  weft__node_post(rt, local, st, n, false);
+  weft__strand_unhold(st); /* taken by ring_submit */
   weft__busy_drop(rt, 1);
 }
 
@@ -103,9 +107,12 @@ static bool ring_submit(struct fsreq *q) {
   bool ok = false;
   if (sh && weft__busy_enter(rt) == 0) {
     q->ioh.done = ring_done;
+    weft__strand_hold(q->strand); /* before: the completion may come first */
     ok = weft__io_file(sh, &q->op, &q->ioh) == 0;
-    if (!ok)
+    if (!ok) {
+      weft__strand_unhold(q->strand);
       weft__busy_drop(rt, 1);
+    }
   }
   weft__local_end(sh);
   return ok;

@@ -127,7 +127,9 @@ static void lookup_done(void *arg, long result) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL); /* out of memory: retry, never lose fn */
   }
-  weft__node_post(r->rt, local, r->strand, n, false);
+  weft_strand *st = r->strand; /* r may be gone once fn has run */
+  weft__node_post(r->rt, local, st, n, false);
+  weft__strand_unhold(st);
   weft__local_end(local);
 }
 
@@ -179,9 +181,11 @@ int weft_resolve(weft_rt *rt, weft_strand *s, const char *host,
     r->service = memcpy(r->strings + hl, service, sl);
   weft__store(&r->state, R_PENDING, WA_RLX);
   weft__store(&r->refs, 1, WA_RLX);
+  weft__strand_hold(s); /* dropped after fn's post */
   err = weft__blocking_submit(rt, rt->resolver, lookup, r, NULL, lookup_done,
                               &r->job);
   if (err) {
+    weft__strand_unhold(s);
     free(r);
     return err;
   }
@@ -215,7 +219,9 @@ int weft_resolve_cancel(weft_lookup *r) {
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL); /* out of memory: retry, never lose fn */
     }
-    weft__node_post(rt, local, r->strand, n, false);
+    weft_strand *st = r->strand; /* r may be gone once fn has run */
+    weft__node_post(rt, local, st, n, false);
+    weft__strand_unhold(st);
   } else {
     req_unref(r);
     ret = -EALREADY;

@@ -29,12 +29,16 @@
  * Why FIFO per poster: a thread's XCHGs on one tail are ordered by program
  * order, and the list order is the XCHG order.
  *
- * Release marks tail with bit 0 by CAS (tail node | 1, or reclaims at once
- * if tail is 0). Exactly one of the releaser and the drainer reclaims: the
- * releaser if its CAS saw 0, the drainer if its final CAS failed on n | 1.
- * Released from its own handler, the releaser is the drainer: it sets a
- * plain flag and reclaims after its final CAS succeeds (after release no
- * push is allowed, so an idle released strand is unreachable).
+ * The release proper (retire) comes when the last reference goes: the
+ * user's (weft_strand_release) or a hold of an operation in flight whose
+ * completion is posted here (fs.c, resolve.c, blocking.c), so such a
+ * completion never finds the strand reclaimed. Retire marks tail with bit
+ * 0 by CAS (tail node | 1, or reclaims at once if tail is 0). Exactly one
+ * of the retirer and the drainer reclaims: the retirer if its CAS saw 0,
+ * the drainer if its final CAS failed on n | 1. Retired from its own
+ * handler, the retirer is the drainer: it sets a plain flag and reclaims
+ * after its final CAS succeeds (with no reference left no push is allowed,
+ * so an idle retired strand is unreachable).
  * Posting after release is a contract violation (weft.h); `released` catches
  * it while the strand still exists, and WEFT_DEBUG builds never reuse a
  * strand's memory so the check keeps working after reclaim.
@@ -105,6 +109,7 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   s->self_released = false;
   s->weft_made = false;
   weft__store(&s->socks, 0, WA_RLX);
+  weft__store(&s->refs, 1, WA_RLX);
   if (sh)
     weft__stat_add(&sh->st.strands_created, 1);
   else
@@ -130,17 +135,9 @@ static void strand_reclaim(weft_strand *s) {
   weft__local_end(sh);
 }
 
-void weft_strand_release(weft_strand *s) {
-  if (!s || weft__forked(s->rt))
-    return;
-  /* A load and a store, not an exchange: two racing releases are a bug
-   * this cannot catch anyway; a sequential double release it does catch. */
-  if (!weft__strand_live(s)) {
-    weft__log(s->rt, WEFT_LOG_ERROR,
-              "weft_strand_release(%p): strand already released", (void *)s);
-    return;
-  }
-  weft__store(&s->released, 1, WA_RLX);
+/* The release proper, once no reference is left: reclaim now if idle,
+ * else leave it to the drainer. */
+static void strand_retire(weft_strand *s) {
   if (weft_strand_current() == s) {
     /* From its own handler: this thread is the drainer, which reclaims
      * the strand when it next goes idle (no atomic needed here). */
@@ -158,6 +155,36 @@ void weft_strand_release(weft_strand *s) {
     if (weft__cas(&s->tail, &t, t | RELEASED_BIT, WA_AR, WA_ACQ))
       return; /* the drainer reclaims */
   }
+}
+
+void weft_strand_release(weft_strand *s) {
+  if (!s || weft__forked(s->rt))
+    return;
+  /* A load and a store, not an exchange: two racing releases are a bug
+   * this cannot catch anyway; a sequential double release it does catch. */
+  if (!weft__strand_live(s)) {
+    weft__log(s->rt, WEFT_LOG_ERROR,
+              "weft_strand_release(%p): strand already released", (void *)s);
+    return;
+  }
+  weft__store(&s->released, 1, WA_RLX);
+  weft__strand_unhold(s);
+}
+
+/* refs is a reference count: a hold is taken by a thread that already
+ * relies on a reference (the user's, checked live by the call), so a
+ * relaxed increment cannot revive a strand whose count reached 0. The
+ * decrement is acq_rel, so the thread that takes it to 0 sees every
+ * access made under the other references (the posts of completions
+ * included) before it retires the strand. */
+void weft__strand_hold(weft_strand *s) {
+  if (s)
+    weft__fetch_add(&s->refs, 1, WA_RLX);
+}
+
+void weft__strand_unhold(weft_strand *s) {
+  if (s && weft__fetch_sub(&s->refs, 1, WA_AR) == 1)
+    strand_retire(s);
 }
 
 static void strand_push(weft_strand *s, struct weft__shard *local,

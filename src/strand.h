@@ -46,6 +46,10 @@ struct weft_strand {
    * was made for, which may lend it to others (weft_tcp_strand). */
   bool weft_made;
   _Atomic uint32_t socks;
+  /* The user's reference (1 until weft_strand_release) plus one per
+   * operation in flight whose completion will be posted here
+   * (weft__strand_hold): the release proper waits for the last. */
+  _Atomic uint32_t refs;
 };
 
 /* Whether s may take posts (not released, not reclaimed while the debug
@@ -63,6 +67,14 @@ static inline int weft__strand_usable(const weft_rt *rt, const weft_strand *s) {
     return -EXDEV;
   return weft__strand_live(s) ? 0 : -EBADF;
 }
+
+/* Keeps s (NULL: nothing) from being reclaimed while an operation whose
+ * completion is posted to it is in flight, even past weft_strand_release:
+ * the release takes effect at the last unhold. Hold only a strand known
+ * live (one weft__strand_usable accepted, in the call that accepts the
+ * operation); unhold after the completion's post, never before it. */
+void weft__strand_hold(weft_strand *s);
+void weft__strand_unhold(weft_strand *s);
 
 /* A node for fn (cancel: what runs instead at a CANCEL shutdown), from
  * local's cache (NULL: outside any shard). NULL on ENOMEM. */

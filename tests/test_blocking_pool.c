@@ -15,7 +15,11 @@
  *    again on it, on a running job, on a finished job and on an id never
  *    issued -EALREADY; NULL rt -EINVAL.
  *  - weft_blocking: -EINVAL for NULL rt/work/done, -EXDEV for a done strand
- *    of another runtime, -ESHUTDOWN after shutdown.
+ *    of another runtime, -EBADF for a released one, -ESHUTDOWN after
+ *    shutdown.
+ *  - A done strand released while its job's work runs still gets done,
+ *    once (the job holds it); many short jobs whose strands are released
+ *    as soon as they are accepted each get done once, on a strand.
  *  - Every accepted job's done runs exactly once, with the job's result (or
  *    -ECANCELED), on the given strand (weft_strand_current() == it), or on
  *    a worker when none was given; stats.blocking_done counts the done
@@ -568,12 +572,98 @@ static void test_submit_from_handlers(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* A job holds its done strand: released while work runs, the strand
+ * still takes done (no post to a reclaimed strand), and meanwhile a new
+ * job for it is refused with -EBADF. */
+typedef struct held {
+  tu_gate gate;
+  weft_strand *s;
+  tu_count calls;
+  atomic_bool on_strand;
+  atomic_long got;
+} held;
+
+static long held_work(void *arg) {
+  held *h = arg;
+  tu_gate_pass(&h->gate);
+  return 42;
+}
+
+static void held_done(void *arg, long result) {
+  held *h = arg;
+  atomic_store(&h->on_strand, weft_strand_current() == h->s);
+  atomic_store(&h->got, result);
+  atomic_fetch_add(&h->calls, 1);
+}
+
+typedef struct churn {
+  tu_count done;
+  atomic_uint off_strand;
+} churn;
+
+static long churn_work(void *arg) {
+  (void)arg;
+  return 7;
+}
+
+static void churn_done(void *arg, long result) {
+  churn *ch = arg;
+  if (!weft_strand_current() || result != 7)
+    atomic_fetch_add(&ch->off_strand, 1);
+  atomic_fetch_add(&ch->done, 1);
+}
+
+static void test_release_pending(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("blocking: done strand released while work runs");
+  weft_rt *rt;
+  tu_rt_create(&rt, 2, 0);
+  static held h;
+  memset(&h, 0, sizeof h);
+  tu_gate_init(&h.gate);
+  tu_strand_create(rt, &h.s);
+  assert_int_equal(weft_blocking(rt, held_work, &h, h.s, held_done, NULL), 0);
+  tu_wait_count(&h.gate.entered, 1, "the job inside work");
+  weft_strand_release(h.s);
+  assert_int_equal(weft_blocking(rt, held_work, &h, h.s, held_done, NULL),
+                   -EBADF);
+  tu_gate_open(&h.gate);
+  tu_wait_count(&h.calls, 1, "done on the released strand");
+  /* The race of the release with done's post: each of many short jobs'
+   * strands is released as soon as the job is accepted, so the last
+   * reference goes now on this thread, now on a pool thread. */
+  unsigned n = TU_SCALED(4000, 200);
+  static churn ch;
+  memset(&ch, 0, sizeof ch);
+  for (unsigned i = 0; i < n; i++) {
+    weft_strand *s;
+    tu_strand_create(rt, &s);
+    int rc;
+    while ((rc = weft_blocking(rt, churn_work, &ch, s, churn_done, NULL)) ==
+           -EAGAIN)
+      sched_yield(); /* the queue is full: let it drain */
+    assert_int_equal(rc, 0);
+    weft_strand_release(s);
+  }
+  tu_wait_count(&ch.done, n, "the churned jobs' dones");
+  assert_int_equal(atomic_load(&ch.off_strand), 0);
+  assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  assert_int_equal(atomic_load(&h.calls), 1);
+  assert_true(atomic_load(&h.on_strand));
+  assert_int_equal(atomic_load(&h.got), 42);
+  tu_gate_destroy(&h.gate);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_saturated_pool),
       cmocka_unit_test(test_many_short_jobs),
       cmocka_unit_test(test_submit_from_handlers),
+      cmocka_unit_test(test_release_pending),
       cmocka_unit_test(test_default_threads),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -15,6 +15,8 @@
  *    (-ENOENT), read of a directory (-EISDIR), read of a closed descriptor
  *    (-EBADF); as the calls' own: NULL arguments, bad offsets and iovec
  *    counts, a strand of another runtime.
+ *  - A strand released while a read of a pipe waits (on the strand, and
+ *    from outside): the callback still comes, once, on that strand.
  *  - A CANCEL shutdown with 200 operations issued: each callback exactly
  *    once (a result or -ECANCELED).
  */
@@ -372,6 +374,56 @@ static void test_errors(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* ------------------------------------------------------- a strand released */
+
+static char g_pipebuf[8];
+
+static void s_pipe_read(step *p) {
+  acc(p, weft_fs_read(p->c->rt, p->c->s, p->fd, g_pipebuf, 5, -1, op_done,
+                      next_op(p)));
+}
+
+/* A read of a pipe holds its strand: released while the read waits for
+ * bytes, the strand still takes the callback (no post to a reclaimed
+ * strand, which a WEFT_DEBUG build aborts on and ASan reports). */
+static void test_release_pending(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  for (int outside = 0; outside < 2; outside++) {
+    ctx c;
+    c.rt = rt_make();
+    tu_strand_create(c.rt, &c.s);
+    tu_event_init(&c.ev);
+    int pfd[2];
+    assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
+    static step p;
+    memset(&p, 0, sizeof p);
+    p.c = &c;
+    p.fd = pfd[0];
+    p.fn = s_pipe_read;
+    if (outside)
+      p.fn(&p);
+    else
+      tu_on_strand(c.s, step_handler, &p);
+    tu_assert_rc(p.rc, 0);
+    weft_strand_release(c.s);
+    usleep(20000); /* let an early reclaim happen, were there one */
+    assert_int_equal(tu_event_get(&c.ev), 0); /* the pipe is empty */
+    assert_int_equal(write(pfd[1], "hello", 5), 5);
+    tu_event_wait(&c.ev, 1, "the read on the released strand");
+    assert_int_equal(p.ops[0].calls, 1);
+    assert_int_equal(p.ops[0].result, 5);
+    assert_true(p.ops[0].on_strand);
+    assert_memory_equal(g_pipebuf, "hello", 5);
+    tu_assert_rc(weft_rt_shutdown(c.rt, WEFT_SHUTDOWN_DRAIN), 0);
+    tu_assert_rc(weft_rt_destroy(c.rt), 0);
+    close(pfd[0]);
+    close(pfd[1]);
+    tu_event_destroy(&c.ev);
+  }
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 /* -------------------------------------------------------------- shutdown */
 
 static void s_many(step *p) {
@@ -417,6 +469,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_outside, dir_setup, dir_teardown),
       cmocka_unit_test_setup_teardown(test_errors, dir_setup, dir_teardown),
       cmocka_unit_test_setup_teardown(test_shutdown, dir_setup, dir_teardown),
+      cmocka_unit_test_setup_teardown(test_release_pending, dir_setup,
+                                      dir_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -21,6 +21,7 @@
  *    (no second call, and nothing posted to the lookup's strand, which
  *    is released as soon as fn has run); a cancel from inside fn, which the
  * result won, gives -EALREADY.
+ *  - A strand released while its lookup hangs still gets the result.
  *  - Shutdown (CANCEL) with lookups queued behind hung ones: every fn runs
  *    exactly once (-ECANCELED for the queued) once the gate opens.
  */
@@ -353,6 +354,31 @@ static void test_cancel(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* A lookup holds its strand: released while the name server hangs, the
+ * strand still takes the result (no post to a reclaimed strand). */
+static void test_release_pending(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  fg_gate_reset();
+  weft_rt *rt = rt_make(1);
+  weft_strand *s;
+  tu_strand_create(rt, &s);
+  res r;
+  res_init(&r, s);
+  tu_assert_rc(
+      weft_resolve(rt, s, "p.hang.test", "80", NULL, on_result, &r, NULL), 0);
+  fg_wait_hung(1);
+  weft_strand_release(s);
+  fg_gate_open();
+  tu_event_wait(&r.ev, 1, "the lookup on the released strand");
+  rt_end(rt);
+  assert_int_equal(r.calls, 1);
+  tu_assert_rc(r.status, 0);
+  assert_true(r.on_strand);
+  tu_event_destroy(&r.ev);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 /* ------------------------------------------------------------- shutdown */
 
 #define NQUEUED 16
@@ -397,9 +423,8 @@ static void test_shutdown(void **state) {
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_results),
-      cmocka_unit_test(test_isolation),
-      cmocka_unit_test(test_cancel),
+      cmocka_unit_test(test_results),  cmocka_unit_test(test_isolation),
+      cmocka_unit_test(test_cancel),   cmocka_unit_test(test_release_pending),
       cmocka_unit_test(test_shutdown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -44,7 +44,11 @@
  * as another connection made on it (weft_tcp_connect with
  * weft_tcp_strand(conn)) is open: timers on the strand must be destroyed
  * by then, and the close callback is the place (weft_timer_destroy drops a
- * firing still queued).
+ * firing still queued). An operation that completes on the strand
+ * (weft_fs_*, weft_resolve, weft_blocking) keeps it too: its callback runs
+ * there even when the connection closed first, so it must not touch the
+ * connection then (the close callback tells it so, as examples/file_server.c
+ * does).
  *
  * Buffers are the caller's: a read buffer must stay valid until the read
  * callback has been called, a write buffer (and, for writev, the memory the
