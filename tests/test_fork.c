@@ -17,7 +17,11 @@
  * shuts it down and destroys it. A child that hangs is killed by its own
  * alarm (10 s) and counts as a failure. Skipped under ThreadSanitizer,
  * which does not support a multi-threaded process that forks and then
- * starts threads.
+ * starts threads, and under AddressSanitizer, whose allocator (clang 14's,
+ * Debian 12's) does not take its own locks across fork: a child forked
+ * while a parent thread held one of its size classes deadlocks in its
+ * first malloc of that class (seen in 3 of 15 runs, every thread of the
+ * child waiting in SizeClassAllocator64::GetFromAllocator).
  */
 #include "testutil.h"
 
@@ -123,7 +127,7 @@ static int child(weft_timer *t, weft_tcp *c, weft_listener *l) {
 
 static void test_fork(void **state) {
   (void)state;
-#ifdef TU_UNDER_TSAN
+#if defined(TU_UNDER_TSAN) || defined(TU_UNDER_ASAN)
   skip();
 #endif
   tu_reset_async_errors();

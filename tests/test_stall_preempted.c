@@ -94,14 +94,7 @@ static void test_preempted_not_reported(void **state) {
    * there, and are reported. The check is made in the other builds. */
   skip();
 #endif
-#if defined(__SANITIZE_ADDRESS__)
-#define TU_UNDER_ASAN_ 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TU_UNDER_ASAN_ 1
-#endif
-#endif
-#ifdef TU_UNDER_ASAN_
+#ifdef TU_UNDER_ASAN
   /* Under AddressSanitizer (a Debug build) a short handler costs several
    * times the 20 us the argument above rests on, and a vCPU preempted by
    * the host shows as CPU the thread got: CI saw a short handler reported

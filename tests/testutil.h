@@ -41,6 +41,15 @@
 #define WEFT_TEST_SCALE 1
 #endif
 
+/* TU_UNDER_ASAN: defined in an AddressSanitizer build. */
+#if defined(__SANITIZE_ADDRESS__)
+#define TU_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define TU_UNDER_ASAN 1
+#endif
+#endif
+
 /* TU_UNDER_TSAN: defined in a ThreadSanitizer build. */
 #if defined(__SANITIZE_THREAD__)
 #define TU_UNDER_TSAN 1
