@@ -356,6 +356,12 @@ int weft__io_recv(struct weft__shard *sh, int fd, void *buf, size_t len,
   return io ? weft__uring_recv(io, fd, buf, len, poll_first, h) : -EAGAIN;
 }
 
+int weft__io_recvmsg(struct weft__shard *sh, int fd, struct msghdr *msg,
+                     int flags, bool poll_first, struct weft__ioh *h) {
+  struct weft__io *io = ring_io(sh);
+  return io ? weft__uring_recvmsg(io, fd, msg, flags, poll_first, h) : -EAGAIN;
+}
+
 int weft__io_recv_multishot(struct weft__shard *sh, int fd,
                             struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);

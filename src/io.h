@@ -209,6 +209,10 @@ void weft__io_close(weft_rt *rt, struct weft__shard *sh, int fd);
  * when sh is NULL or the ring stays full (try again later). */
 int weft__io_recv(struct weft__shard *sh, int fd, void *buf, size_t len,
                   bool poll_first, struct weft__ioh *h);
+/* A one-shot recvmsg (completes as weft__io_recv does); msg and what it
+ * points to must stay valid until the completion. */
+int weft__io_recvmsg(struct weft__shard *sh, int fd, struct msghdr *msg,
+                     int flags, bool poll_first, struct weft__ioh *h);
 /* -ENOBUFS: the shard has no provided buffers (receive one-shot). */
 int weft__io_recv_multishot(struct weft__shard *sh, int fd,
                             struct weft__ioh *h);

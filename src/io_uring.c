@@ -402,6 +402,20 @@ int weft__uring_recv(struct weft__io *io, int fd, void *buf, size_t len,
   return 0;
 }
 
+/* Tagged as a one-shot receive: its completion is the same. The kernel
+ * writes msg_flags and msg_controllen back into msg, as recvmsg(2) does. */
+int weft__uring_recvmsg(struct weft__io *io, int fd, struct msghdr *msg,
+                        int flags, bool poll_first, struct weft__ioh *h) {
+  struct io_uring_sqe *sqe = weft__uring_sqe(io);
+  if (!sqe)
+    return -EAGAIN;
+  io_uring_prep_recvmsg(sqe, fd, msg, (unsigned)flags);
+  if (poll_first)
+    sqe->ioprio |= IORING_RECVSEND_POLL_FIRST;
+  io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_RECV));
+  return 0;
+}
+
 int weft__uring_recv_multishot(struct weft__io *io, int fd,
                                struct weft__ioh *h) {
   if (!io->br)

@@ -38,6 +38,8 @@ int weft__uring_recv(struct weft__io *io, int fd, void *buf, size_t len,
                      bool poll_first, struct weft__ioh *h);
 int weft__uring_recv_multishot(struct weft__io *io, int fd,
                                struct weft__ioh *h);
+int weft__uring_recvmsg(struct weft__io *io, int fd, struct msghdr *msg,
+                        int flags, bool poll_first, struct weft__ioh *h);
 int weft__uring_send(struct weft__io *io, int fd, struct msghdr *msg,
                      struct weft__ioh *h);
 int weft__uring_connect(struct weft__io *io, int fd,

@@ -252,6 +252,7 @@ static void close_run(void *arg) {
 static void post_close(struct weft__conn *c) {
   weft__tmo_free(c);
   weft__until_free(c);
+  weft__fdq_free(c);
   c->close_posted = true;
   weft_rt *rt = c->s.rt;
   struct weft__shard *sh = weft__local_begin(rt);

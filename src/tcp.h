@@ -30,7 +30,9 @@
 #define WEFT_SEND_IOV 64
 
 /* A write: iovcnt buffers, or, for a file send, file_fd >= 0 and no
- * buffers (its bytes are the file's from file_off on). */
+ * buffers (its bytes are the file's from file_off on). ctl: descriptors
+ * to pass with its first byte (weft_tcp_send_fds: an SCM_RIGHTS control
+ * message of ctllen bytes, malloc'ed), sent once ctl_sent. */
 struct weft__wreq {
   struct weft__wreq *next;
   weft_write_fn fn;
@@ -41,6 +43,9 @@ struct weft__wreq {
   int status;  /* completion: 0 or negative errno */
   int file_fd;
   off_t file_off;
+  void *ctl;
+  size_t ctllen;
+  bool ctl_sent;
   struct iovec inl[2];
 };
 
@@ -82,6 +87,7 @@ struct weft__conn {
    * error to deliver once rq is read (rd_term_set) */
   bool rd_multi, rd_nobufs, rd_term_set, in_pump;
   bool wr_inline_busy;
+  bool read_made;     /* a read was made (weft_tcp_set_fd_limit) */
   bool close_posted;  /* the close callback is queued (tcp.c, post_close) */
   int err;            /* sticky write error, 0 if none */
   int32_t rres, wres; /* uring: results of the ops in the kernel */
@@ -117,6 +123,7 @@ struct weft__conn {
   struct weft__tmo *tmo;     /* weft_tcp_set_timeouts, or NULL */
   struct weft__until *until; /* weft_tcp_read_until, or NULL */
   struct weft__connect *cn;  /* connecting: the request */
+  struct weft__fdq *fdq;     /* weft_tcp_set_fd_limit, or NULL (unix.h) */
   struct weft_listener *lst; /* accepted: until its accept callback */
 };
 

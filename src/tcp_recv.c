@@ -43,12 +43,17 @@
  * if it is blocked interruptibly (it is woken for it), within a scheduler
  * tick if it is computing, and not before it leaves the call if it sleeps
  * uninterruptibly. epoll has no such limit.
+ *
+ * A connection that receives descriptors (unix_fds.c) reads with recvmsg
+ * and a control buffer: one-shot receives through the ring (never a
+ * multishot, which has no control buffer), recvmsg(2) on readiness.
  */
 #include "tcp_recv.h"
 
 #include "io.h"
 #include "tcp_timeout.h"
 #include "thread.h"
+#include "unix.h"
 
 #include <errno.h>
 #include <string.h>
@@ -163,7 +168,8 @@ static void arm(struct weft__conn *c) {
   weft_rt *rt = c->s.rt;
   struct weft__shard *sh = weft__local_begin(rt);
   int r = -ENOBUFS;
-  if (sh && !c->rd_nobufs && !weft__load(&rt->net.no_multishot, WA_RLX)) {
+  if (sh && !c->rd_nobufs && !c->fdq &&
+      !weft__load(&rt->net.no_multishot, WA_RLX)) {
     /* Before it can complete: the reaper compares m_armer. */
     weft__store(&c->mcancel, 0, WA_RLX);
     weft__store(&c->m_armer, weft__self(), WA_RLX);
@@ -179,8 +185,10 @@ static void arm(struct weft__conn *c) {
      * first (5.19; -EINVAL before, then never again). */
     c->rd_pollfirst =
         c->rd_short && !weft__load(&rt->net.no_poll_first, WA_RLX);
-    r = weft__io_recv(sh, c->s.fd, c->rbuf, c->rlen, c->rd_pollfirst,
-                      &c->s.ioh);
+    r = c->fdq ? weft__io_recvmsg(sh, c->s.fd, weft__fdq_msg(c),
+                                  MSG_CMSG_CLOEXEC, c->rd_pollfirst, &c->s.ioh)
+               : weft__io_recv(sh, c->s.fd, c->rbuf, c->rlen, c->rd_pollfirst,
+                               &c->s.ioh);
     c->rd_inflight = r == 0;
   }
   weft__local_end(sh);
@@ -210,10 +218,22 @@ static void pump(struct weft__conn *c) {
   c->in_pump = false;
 }
 
+/* A non-blocking receive into the reader's buffer; with descriptors
+ * allowed, a recvmsg that keeps those it carries. */
+static ssize_t recv_direct(struct weft__conn *c) {
+  if (!c->fdq)
+    return recv(c->s.fd, c->rbuf, c->rlen, MSG_DONTWAIT);
+  ssize_t n =
+      recvmsg(c->s.fd, weft__fdq_msg(c), MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  if (n > 0)
+    weft__fdq_collect(c);
+  return n;
+}
+
 /* Readiness: try the pending read if the socket may have data. */
 static void recv_now(struct weft__conn *c) {
   while (c->reading && c->readable) {
-    ssize_t n = recv(c->s.fd, c->rbuf, c->rlen, MSG_DONTWAIT);
+    ssize_t n = recv_direct(c);
     if (n < 0 && errno == EINTR)
       continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
@@ -236,6 +256,7 @@ void weft__recv_run(struct weft__conn *c) {
 }
 
 void weft__recv_start(struct weft__conn *c) {
+  c->read_made = true;
   if (!weft__io_completes(c->s.rt)) {
     if (c->readable)
       weft__sock_kick(&c->s); /* read in the handler, not in this call */
@@ -252,6 +273,8 @@ void weft__recv_completed(struct weft__conn *c) {
   c->rd_inflight = false;
   c->rd_nobufs = false;
   int res = c->rres;
+  if (res > 0 && c->fdq)
+    weft__fdq_collect(c); /* closing or not: the queue owns them now */
   c->rd_short = res > 0 && (size_t)res < c->rlen;
   if (res == -EINVAL && c->rd_pollfirst)
     weft__store(&c->s.rt->net.no_poll_first, 1, WA_RLX);

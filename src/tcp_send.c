@@ -10,7 +10,9 @@
  * (weft_tcp_sendfile) is a write whose bytes come from a file: it goes by
  * sendfile(2) on the strand once every write before it has gone, never in
  * a gathered send, and when the socket is full the strand waits for room
- * (epoll's edge, or a one-shot poll in the ring).
+ * (epoll's edge, or a one-shot poll in the ring). A write that passes
+ * descriptors (weft_tcp_send_fds) starts a send of its own, whose control
+ * message rides with its first byte (unix_fds.c has the receiving side).
  */
 #include "tcp_send.h"
 
@@ -19,6 +21,7 @@
 #include "shard.h"
 #include "tcp_timeout.h"
 #include "thread.h"
+#include "unix.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -40,6 +43,7 @@
 static void wreq_release(struct weft__conn *c, struct weft__wreq *w) {
   if (w->iov != w->inl)
     free(w->iov);
+  free(w->ctl);
   if (w == &c->wr_inline)
     c->wr_inline_busy = false;
   else
@@ -103,6 +107,8 @@ static void advance(struct weft__conn *c, size_t n) {
   c->queued -= n;
   while (c->wq_head) {
     struct weft__wreq *w = c->wq_head;
+    if (n && w->left)
+      w->ctl_sent = true; /* its descriptors went with its first byte */
     while (n && w->iovpos < w->iovcnt) {
       struct iovec *v = &w->iov[w->iovpos];
       size_t k = n < v->iov_len ? n : v->iov_len;
@@ -125,12 +131,22 @@ static void advance(struct weft__conn *c, size_t n) {
 }
 
 /* Gathers the queue's unsent iovecs into sb, at most max bytes of them,
- * up to the first file send; returns how many iovecs. */
+ * up to the first file send; returns how many iovecs. Descriptors to
+ * pass go with the first byte of their write, so such a write starts a
+ * send of its own, its control message attached. */
 static int gather(struct weft__conn *c, struct weft__sendbuf *sb, size_t max) {
   int k = 0;
   size_t bytes = 0;
+  void *ctl = NULL;
+  size_t ctllen = 0;
   struct weft__wreq *w = c->wq_head;
-  for (; w && w->file_fd < 0 && k < WEFT_SEND_IOV && bytes < max; w = w->next)
+  for (; w && w->file_fd < 0 && k < WEFT_SEND_IOV && bytes < max; w = w->next) {
+    if (w->ctl && !w->ctl_sent) {
+      if (k)
+        break;
+      ctl = w->ctl;
+      ctllen = w->ctllen;
+    }
     for (int i = w->iovpos; i < w->iovcnt && k < WEFT_SEND_IOV && bytes < max;
          i++)
       if (w->iov[i].iov_len) {
@@ -139,9 +155,12 @@ static int gather(struct weft__conn *c, struct weft__sendbuf *sb, size_t max) {
           sb->iov[k].iov_len = max - bytes;
         bytes += sb->iov[k++].iov_len;
       }
+  }
   memset(&sb->msg, 0, sizeof(sb->msg));
   sb->msg.msg_iov = sb->iov;
   sb->msg.msg_iovlen = (size_t)k;
+  sb->msg.msg_control = ctl;
+  sb->msg.msg_controllen = ctllen;
   sb->bytes = bytes;
   sb->file_next = w && w->file_fd >= 0;
   return k;
@@ -161,7 +180,7 @@ static void write_failed(struct weft__conn *c, int err) {
  * with the file's first bytes (a response's head and its body). */
 static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
   int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (sb->file_next ? MSG_MORE : 0);
-  if (sb->msg.msg_iovlen == 1)
+  if (sb->msg.msg_iovlen == 1 && !sb->msg.msg_control)
     return send(c->s.fd, sb->iov[0].iov_base, sb->iov[0].iov_len, flags);
   return sendmsg(c->s.fd, &sb->msg, flags);
 }
@@ -394,6 +413,8 @@ static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
   }
   w->iov = w->inl;
   w->file_fd = -1;
+  w->ctl = NULL;
+  w->ctl_sent = false;
   if (iovcnt > 2 && !(w->iov = malloc(sizeof(struct iovec) * (size_t)iovcnt))) {
     if (w == &c->wr_inline)
       c->wr_inline_busy = false;
@@ -482,6 +503,46 @@ int weft_tcp_sendfile(weft_tcp *tcp, int fd, int64_t off, size_t len,
   w->file_fd = fd;
   w->file_off = (off_t)off;
   enqueue(c, w, len, fn, arg); /* holds no memory: not in c->queued */
+  return 0;
+}
+
+int weft_tcp_send_fds(weft_tcp *tcp, const void *buf, size_t len,
+                      const int *fds, int nfds, weft_write_fn fn, void *arg) {
+  struct weft__conn *c = weft__conn_of(tcp);
+  int r = weft__tcp_usable(c, "weft_tcp_send_fds");
+  if (r)
+    return r;
+  if (!buf || !len || !fds || nfds < 1 || nfds > WEFT_FDS_PER_WRITE)
+    return -EINVAL;
+  for (int i = 0; i < nfds; i++)
+    if (fds[i] < 0)
+      return -EBADF;
+  if ((r = weft__unix_conn_check(c)))
+    return r;
+  if (c->shut_req || c->err)
+    return -EPIPE;
+  if (c->queued && c->queued + len > c->high) {
+    c->drain_wanted = true;
+    return -ENOBUFS;
+  }
+  size_t ctllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
+  struct cmsghdr *m = calloc(1, ctllen);
+  struct weft__wreq *w = m ? wreq_new(c, 1) : NULL;
+  if (!w) {
+    free(m);
+    return -ENOMEM;
+  }
+  m->cmsg_level = SOL_SOCKET;
+  m->cmsg_type = SCM_RIGHTS;
+  m->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+  memcpy(CMSG_DATA(m), fds, sizeof(int) * (size_t)nfds);
+  w->ctl = m;
+  w->ctllen = ctllen;
+  w->iov[0].iov_base = (void *)buf;
+  w->iov[0].iov_len = len;
+  w->iovcnt = 1;
+  c->queued += len;
+  enqueue(c, w, len, fn, arg);
   return 0;
 }
 

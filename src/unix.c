@@ -151,14 +151,11 @@ int weft_tcp_peer_cred(weft_tcp *c, weft_cred *out) {
     return weft__tcp_off_strand(weft__conn_of(c), "weft_tcp_peer_cred");
   if (s->fd < 0)
     return -EBADF;
-  int domain;
-  socklen_t len = sizeof(domain);
-  if (getsockopt(s->fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0)
-    return -errno;
-  if (domain != AF_UNIX)
-    return -EAFNOSUPPORT;
+  int r = weft__unix_conn_check(weft__conn_of(c));
+  if (r)
+    return r;
   struct ucred uc;
-  len = sizeof(uc);
+  socklen_t len = sizeof(uc);
   if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
     return -errno;
   out->pid = uc.pid;

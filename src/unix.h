@@ -3,7 +3,8 @@
  * otherwise are connections and listeners like TCP's (tcp.c, listen.c):
  * the address helper, the socket file of a listener bound to a path (a
  * stale one replaced at bind, its own removed at close), and the peer's
- * credentials.
+ * credentials. unix_fds.c: passing descriptors, the receiving side (the
+ * sending side is a write: tcp_send.c).
  */
 #ifndef WEFT_UNIX_H
 #define WEFT_UNIX_H
@@ -35,5 +36,35 @@ int weft__unix_connect(int fd, const struct sockaddr *addr, unsigned len);
 /* Removes f's file if it is still the one bound. */
 void weft__unix_unlink(const struct sockaddr_storage *addr, unsigned len,
                        struct weft__unix_file *f);
+
+struct weft__conn;
+/* 0 if c's socket is a Unix one, else -EAFNOSUPPORT (or getsockopt's
+ * error). */
+int weft__unix_conn_check(struct weft__conn *c);
+
+/* Descriptors received on a connection and not yet taken (a ring of max),
+ * and the msghdr of its receive, which io_uring reads and writes back
+ * until the receive completes. */
+struct weft__fdq {
+  unsigned max, head, count;
+  bool dropped; /* some were closed on arrival since the last take */
+  struct msghdr msg;
+  struct iovec iov;
+  union {
+    size_t align; /* a cmsghdr's (its cmsg_len) */
+    /* CMSG_SPACE(sizeof(int) * 253), which clang does not take as a
+     * constant, is 1032 on Linux: rounded up here */
+    char buf[sizeof(struct cmsghdr) + sizeof(int) * 256];
+  } ctl;
+  int fds[];
+};
+
+/* The msghdr for a receive into c's read buffer, with room for as many
+ * descriptors as c may still hold (none: the kernel closes them). */
+struct msghdr *weft__fdq_msg(struct weft__conn *c);
+/* After a receive that returned bytes: keeps the descriptors it carried. */
+void weft__fdq_collect(struct weft__conn *c);
+/* Closing: the descriptors not taken are closed, the queue freed. */
+void weft__fdq_free(struct weft__conn *c);
 
 #endif

@@ -358,6 +358,46 @@ typedef struct weft_cred {
  * -EBADF (closing), -EAFNOSUPPORT (not a Unix connection). */
 WEFT_API int weft_tcp_peer_cred(weft_tcp *c, weft_cred *out);
 
+/* Passing descriptors. A Unix connection can carry open descriptors
+ * (SCM_RIGHTS): the receiving process gets descriptors of its own for the
+ * same open files and sockets (a connection accepted by one process and
+ * served by another, a file opened with rights the receiver lacks). A
+ * connection receives none until weft_tcp_set_fd_limit allows it: the
+ * kernel closes any that arrive before, or beyond the limit, so a peer
+ * can never make the process hold more than the limit per connection. */
+
+/* Queues a write of len bytes whose first byte carries the nfds
+ * descriptors of fds (the array is copied). It leaves in order with the
+ * other writes; buf, and the descriptors, must stay valid and open until
+ * fn has been called (the kernel takes references of its own when the
+ * byte is sent: close yours after). A descriptor that is not open when
+ * the byte is sent fails the write, and the writes queued behind it,
+ * with -EBADF. On the strand. Errors: as weft_tcp_write, and -EINVAL (len
+ * 0, fds NULL, nfds not in 1..WEFT_FDS_PER_WRITE), -EBADF (a negative
+ * descriptor), -EAFNOSUPPORT (not a Unix connection). */
+#define WEFT_FDS_PER_WRITE 253 /* the kernel's SCM_MAX_FD */
+WEFT_API int weft_tcp_send_fds(weft_tcp *c, const void *buf, size_t len,
+                               const int *fds, int nfds, weft_write_fn fn,
+                               void *arg);
+
+/* Lets c receive descriptors, at most max (1..WEFT_FDS_HELD_MAX) of them
+ * received and not yet taken at a time; 0 turns receiving off again.
+ * Descriptors arrive with the read that returns the first byte of the
+ * write that carried them (weft_tcp_read or weft_tcp_read_until): take
+ * them in its callback. Those not taken when c closes are closed. Must be
+ * called before c's first read. On the strand. Errors: -EINVAL, -EPERM,
+ * -EBADF (closing), -EAFNOSUPPORT (not a Unix connection), -EBUSY (a read
+ * was made), -ENOMEM. */
+#define WEFT_FDS_HELD_MAX 4096
+WEFT_API int weft_tcp_set_fd_limit(weft_tcp *c, unsigned max);
+
+/* The oldest descriptor received on c and not yet taken, now the
+ * caller's (close-on-exec is set). -EAGAIN: none. -EMFILE: none, and
+ * some that arrived since the last call were closed by the kernel
+ * (beyond c's limit, or beyond the process's RLIMIT_NOFILE); told once.
+ * On the strand. Errors: -EINVAL, -EPERM. */
+WEFT_API int weft_tcp_take_fd(weft_tcp *c);
+
 /* ---- UDP
  * ---------------------------------------------------------------------
  * Datagram sockets, IPv4 and IPv6. Every callback of a UDP socket runs on
