@@ -16,11 +16,17 @@
  * reads per second and CPU microseconds per read. Last line: one JSON
  * object.
  *
- * bench/resolve_isolation runs the weft reader of this program too, with
- * FILE_READ_HANG=N: N name lookups that never end are started first.
+ * With --hang N (the report's resolve_isolation) it measures instead
+ * whether N name lookups that never end, started first, slow other work:
+ * weft's and libuv's pool readers, and a TCP echo inside one weft process
+ * (16 connections to its own listener on 127.0.0.1, each sending 64 bytes
+ * and waiting for them back, round trip after round trip), each unloaded
+ * and loaded in turn.
  */
 #include <weft.h>
+#include <weft/net.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <fcntl.h>
@@ -159,6 +165,116 @@ static int weft_reader(int inflight, double secs) {
     weft_strand_release(ss[i]);
   weft_rt_destroy(g_rt);
   return 0;
+}
+
+/* ---- TCP echo in one process (a child) ------------------------------------
+ */
+
+#define ECHO_CONNS 16
+#define ECHO_MSG 64
+
+typedef struct ep {
+  char buf[ECHO_MSG];
+  size_t got;
+} ep;
+
+static void srv_read(void *arg, weft_tcp *c, long n);
+
+static void srv_wrote(void *arg, weft_tcp *c, int status) {
+  ep *e = arg;
+  if (status < 0 || weft_tcp_read(c, e->buf, sizeof(e->buf), srv_read, e) < 0)
+    weft_tcp_close(c, 0);
+}
+
+static void srv_read(void *arg, weft_tcp *c, long n) {
+  ep *e = arg;
+  if (n <= 0 || weft_tcp_write(c, e->buf, (size_t)n, srv_wrote, e) < 0)
+    weft_tcp_close(c, 0);
+}
+
+static void srv_closed(void *data, weft_tcp *c) {
+  (void)c;
+  free(data);
+}
+
+static void srv_accept(void *arg, weft_tcp *c) {
+  (void)arg;
+  ep *e = calloc(1, sizeof(*e));
+  if (!e || weft_tcp_set_data(c, e, srv_closed) < 0 ||
+      weft_tcp_read(c, e->buf, sizeof(e->buf), srv_read, e) < 0)
+    weft_tcp_close(c, 0);
+}
+
+static void cli_read(void *arg, weft_tcp *c, long n);
+
+static void cli_send(ep *e, weft_tcp *c) {
+  e->got = 0;
+  if (now_ns() >= g_end_ns ||
+      weft_tcp_write(c, e->buf, sizeof(e->buf), NULL, NULL) < 0 ||
+      weft_tcp_read(c, e->buf, sizeof(e->buf), cli_read, e) < 0)
+    reader_done();
+}
+
+static void cli_read(void *arg, weft_tcp *c, long n) {
+  ep *e = arg;
+  if (n <= 0) {
+    reader_done();
+    return;
+  }
+  e->got += (size_t)n;
+  if (e->got < sizeof(e->buf)) {
+    if (weft_tcp_read(c, e->buf + e->got, sizeof(e->buf) - e->got, cli_read,
+                      e) < 0)
+      reader_done();
+    return;
+  }
+  atomic_fetch_add_explicit(&g_reads, 1, memory_order_relaxed);
+  cli_send(e, c);
+}
+
+static void cli_connected(void *arg, weft_tcp *c, int status) {
+  if (status < 0)
+    reader_done();
+  else
+    cli_send(arg, c);
+}
+
+static int weft_echo(double secs) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  if (weft_rt_create(&g_rt, &cfg) < 0)
+    return 1;
+  struct sockaddr_in a = {.sin_family = AF_INET,
+                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  weft_listener *l;
+  unsigned alen = sizeof(a);
+  if (weft_tcp_listen(g_rt, (struct sockaddr *)&a, sizeof(a), NULL, srv_accept,
+                      NULL, &l) < 0 ||
+      weft_listener_addr(l, (struct sockaddr *)&a, &alen) < 0)
+    return 1;
+  const char *hang = getenv("FILE_READ_HANG");
+  int nhang = hang ? atoi(hang) : 0;
+  if (hang_lookups(nhang))
+    return 1;
+  static ep eps[ECHO_CONNS];
+  double c0 = cpu_s();
+  uint64_t t0 = now_ns();
+  g_end_ns = t0 + (uint64_t)(secs * 1e9);
+  atomic_store(&g_live, ECHO_CONNS);
+  for (int i = 0; i < ECHO_CONNS; i++) {
+    memset(eps[i].buf, 'e', sizeof(eps[i].buf));
+    weft_tcp *c;
+    if (weft_tcp_connect(g_rt, NULL, (struct sockaddr *)&a, alen, 0,
+                         cli_connected, &eps[i], &c) < 0)
+      return 1;
+  }
+  while (atomic_load(&g_live) > 0)
+    usleep(1000);
+  double el = (double)(atomic_load(&g_done_ns) - t0) / 1e9;
+  printf("{\"reads\":%llu,\"seconds\":%.3f,\"cpu_s\":%.3f}\n",
+         (unsigned long long)atomic_load(&g_reads), el, cpu_s() - c0);
+  fflush(stdout);
+  _exit(0); /* the lookups would hold a shutdown for ever */
 }
 
 /* ---- the floor: pread on threads ----------------------------------------- */
@@ -314,11 +430,11 @@ static int isolation(char *self) {
     fprintf(stderr, "file_read: --hang needs bench/peers' hang_resolver\n");
     return 1;
   }
-  reader rs[4] = {{.name = "weft_pool"},
-                  {.name = "weft_pool_hang"},
-                  {.name = "uv"},
-                  {.name = "uv_hang"}};
+  reader rs[6] = {{.name = "weft_pool"}, {.name = "weft_pool_hang"},
+                  {.name = "uv"},        {.name = "uv_hang"},
+                  {.name = "echo"},      {.name = "echo_hang"}};
   char *argv_w[] = {self, "--child", "weft", g.path, g.size_s, g.secs_s, NULL};
+  char *argv_e[] = {self, "--child", "echo", g.path, g.size_s, g.secs_s, NULL};
   char *argv_u[] = {g.uv, g.path, g.size_s, g.infl_s, g.secs_s, NULL};
   char *argv_uh[] = {g.uv,     g.path,   g.size_s, g.infl_s,
                      g.secs_s, g.hang_s, NULL};
@@ -327,13 +443,17 @@ static int isolation(char *self) {
   const char *plain[] = {"WEFT_URING_FILES=pool", g.preload, NULL};
   const char *loaded[] = {"WEFT_URING_FILES=pool", g.preload, hang_env, NULL};
   const char *uvenv[] = {g.preload, NULL};
+  const char *echo_plain[] = {g.preload, NULL};
+  const char *echo_loaded[] = {g.preload, hang_env, NULL};
   for (int r = 0; r < g.rounds; r++)
-    for (int k = 0; k < 4; k++) {
-      int i = (k + r) % 4;
+    for (int k = 0; k < 6; k++) {
+      int i = (k + r) % 6;
       if ((i == 0 && !run_one(&rs[0], argv_w, plain, false, r)) ||
           (i == 1 && !run_one(&rs[1], argv_w, loaded, true, r)) ||
           (i == 2 && g.have_uv && !run_one(&rs[2], argv_u, uvenv, false, r)) ||
-          (i == 3 && g.have_uv && !run_one(&rs[3], argv_uh, uvenv, true, r)))
+          (i == 3 && g.have_uv && !run_one(&rs[3], argv_uh, uvenv, true, r)) ||
+          (i == 4 && !run_one(&rs[4], argv_e, echo_plain, false, r)) ||
+          (i == 5 && !run_one(&rs[5], argv_e, echo_loaded, true, r)))
         return 1;
     }
   double w0 = med(rs[0].rps, g.rounds), w1 = med(rs[1].rps, g.rounds);
@@ -346,7 +466,9 @@ static int isolation(char *self) {
     printf(",\"uv_rps\":%.0f,\"uv_hang_rps\":%.0f,\"uv_ratio\":%.3f", u0, u1,
            u0 > 0 ? u1 / u0 : 0);
   }
-  printf("}\n");
+  double e0 = med(rs[4].rps, g.rounds), e1 = med(rs[5].rps, g.rounds);
+  printf(",\"echo_rtps\":%.0f,\"echo_hang_rtps\":%.0f,\"echo_ratio\":%.3f}\n",
+         e0, e1, e0 > 0 ? e1 / e0 : 0);
   return 0;
 }
 
@@ -362,6 +484,8 @@ int main(int argc, char **argv) {
       return 1;
     if (!strcmp(argv[2], "floor"))
       return floor_reader(atof(argv[5]));
+    if (!strcmp(argv[2], "echo"))
+      return weft_echo(atof(argv[5]));
     return weft_reader(atoi(getenv("FILE_READ_INFLIGHT")), atof(argv[5]));
   }
   for (int i = 1; i + 1 < argc; i += 2) {
