@@ -53,14 +53,19 @@ struct msghdr *weft__fdq_msg(struct weft__conn *c) {
   q->msg.msg_iov = &q->iov;
   q->msg.msg_iovlen = 1;
   if (room) {
+    /* CMSG_LEN, not CMSG_SPACE: the kernel fits (controllen - header) /
+     * sizeof(int) descriptors, and CMSG_SPACE's padding would let one
+     * more in when room is odd. */
     q->msg.msg_control = q->ctl.buf;
-    q->msg.msg_controllen = CMSG_SPACE(sizeof(int) * room);
+    q->msg.msg_controllen = CMSG_LEN(sizeof(int) * room);
   }
   return &q->msg;
 }
 
-static void push(struct weft__fdq *q, int fd) {
-  if (q->count == q->max) { /* cannot be: the room offered was less */
+static void push(struct weft__conn *c, struct weft__fdq *q, int fd) {
+  if (q->count == q->max) { /* the room offered was less: weft's bug */
+    weft__log(c->s.rt, WEFT_LOG_ERROR,
+              "internal: a descriptor beyond the limit of %u received", q->max);
     close(fd);
     q->dropped = true;
     return;
@@ -83,7 +88,7 @@ void weft__fdq_collect(struct weft__conn *c) {
     for (size_t i = 0; i < n; i++) {
       int fd;
       memcpy(&fd, p + i * sizeof(int), sizeof(int)); /* unaligned */
-      push(q, fd);
+      push(c, q, fd);
     }
   }
 }

@@ -9,7 +9,9 @@
  *    taken in the callback of the read that returned the first byte of
  *    the write that carried it; every write callback runs once, with 0.
  *  - The bound: a peer sends one byte with 3 descriptors to a connection
- *    whose limit is 2: two are taken, then -EMFILE (once), then -EAGAIN.
+ *    whose limit is 1, 2 or 3: that many are taken, then -EMFILE (once;
+ *    not at 3), then -EAGAIN, and no more ever reach the process (weft
+ *    logs an error if the kernel hands it one beyond the limit).
  *    The third never reaches the process: its pipe reads end of file once
  *    the test closes its own copy. With no limit (the default) none is
  *    received (take gives -EAGAIN) and every pipe reads end of file; with
@@ -34,8 +36,21 @@
 #define RBUF 16
 #define MAXTAKEN (2 * NMSG + 8)
 
+static tu_count g_errors; /* weft's WEFT_LOG_ERROR messages */
+
+static void count_errors(void *ctx, int level, const char *msg) {
+  (void)ctx;
+  fprintf(stderr, "weft: %s\n", msg);
+  if (level == WEFT_LOG_ERROR)
+    atomic_fetch_add(&g_errors, 1);
+}
+
 static void rt_make(weft_rt **rt) {
-  tu_rt_create(rt, NWORKERS, 0);
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = NWORKERS;
+  cfg.log_fn = count_errors;
+  tu_assert_rc(weft_rt_create(rt, &cfg), 0);
   tu_assert_backend(*rt);
 }
 
@@ -297,6 +312,7 @@ static void bound_case(unsigned limit, bool keep, const char *tag) {
   tu_event_wait(&r.closed, 1, "the server's close callback");
   tu_listener_close(l);
   rt_end(rt);
+  assert_int_equal(atomic_load(&g_errors), 0); /* none beyond the room */
   tu_assert_rc(r.limit_rc, 0);
   assert_int_equal(r.got, 1);
   unsigned want = keep ? 0 : limit < 3 ? limit : 3;
@@ -317,7 +333,9 @@ static void bound_case(unsigned limit, bool keep, const char *tag) {
 static void test_bound(void **state) {
   (void)state;
   tu_reset_async_errors();
+  bound_case(1, false, "limit1"); /* odd: the control buffer's padding */
   bound_case(2, false, "limit2");
+  bound_case(3, false, "limit3");
   bound_case(0, false, "none");
   bound_case(8, false, "limit8");
   bound_case(4, true, "kept");

@@ -363,8 +363,9 @@ WEFT_API int weft_tcp_peer_cred(weft_tcp *c, weft_cred *out);
  * same open files and sockets (a connection accepted by one process and
  * served by another, a file opened with rights the receiver lacks). A
  * connection receives none until weft_tcp_set_fd_limit allows it: the
- * kernel closes any that arrive before, or beyond the limit, so a peer
- * can never make the process hold more than the limit per connection. */
+ * kernel closes those its reads meet while it has no limit, and those
+ * beyond the limit, so a peer can never make the process hold more than
+ * the limit per connection. */
 
 /* Queues a write of len bytes whose first byte carries the nfds
  * descriptors of fds (the array is copied). It leaves in order with the
@@ -372,7 +373,8 @@ WEFT_API int weft_tcp_peer_cred(weft_tcp *c, weft_cred *out);
  * fn has been called (the kernel takes references of its own when the
  * byte is sent: close yours after). A descriptor that is not open when
  * the byte is sent fails the write, and the writes queued behind it,
- * with -EBADF. On the strand. Errors: as weft_tcp_write, and -EINVAL (len
+ * with -EBADF, and the connection writes no more (later writes: -EPIPE).
+ * On the strand. Errors: as weft_tcp_write, and -EINVAL (len
  * 0, fds NULL, nfds not in 1..WEFT_FDS_PER_WRITE), -EBADF (a negative
  * descriptor), -EAFNOSUPPORT (not a Unix connection). */
 #define WEFT_FDS_PER_WRITE 253 /* the kernel's SCM_MAX_FD */
@@ -382,12 +384,13 @@ WEFT_API int weft_tcp_send_fds(weft_tcp *c, const void *buf, size_t len,
 
 /* Lets c receive descriptors, at most max (1..WEFT_FDS_HELD_MAX) of them
  * received and not yet taken at a time; 0 turns receiving off again.
- * Descriptors arrive with the read that returns the first byte of the
- * write that carried them (weft_tcp_read or weft_tcp_read_until): take
- * them in its callback. Those not taken when c closes are closed. Must be
- * called before c's first read. On the strand. Errors: -EINVAL, -EPERM,
- * -EBADF (closing), -EAFNOSUPPORT (not a Unix connection), -EBUSY (a read
- * was made), -ENOMEM. */
+ * Descriptors arrive with the read that takes the first byte of the write
+ * that carried them from the socket: take them in its callback. (With
+ * weft_tcp_read_until that may be the call that answers the message
+ * before, whose read went on into the next one.) Those not taken when c closes
+ * are closed. Must be called before c's first read. On the strand. Errors:
+ * -EINVAL, -EPERM, -EBADF (closing), -EAFNOSUPPORT (not a Unix connection),
+ * -EBUSY (a read was made), -ENOMEM. */
 #define WEFT_FDS_HELD_MAX 4096
 WEFT_API int weft_tcp_set_fd_limit(weft_tcp *c, unsigned max);
 
