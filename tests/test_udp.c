@@ -9,6 +9,8 @@
  *    address; a zero-length datagram arrives as n == 0.
  *  - Truncation: with max_datagram 100, a 300-byte datagram arrives as
  *    its first 100 bytes with WEFT_UDP_TRUNC.
+ *  - Refused: a send to the broadcast address without the broadcast flag
+ *    gets -EACCES in its callback, and a send after it arrives.
  *  - Connected: after weft_udp_connect, a send with to NULL reaches the
  *    peer; datagrams to a port nobody holds come back as -ECONNREFUSED
  *    (to the receive callback, or a later send's callback); connect(NULL)
@@ -354,6 +356,50 @@ static void connect_and_send(void *arg) {
   c->rc_send = weft_udp_send(c->s->u, "x", 1, NULL, 0, on_sent, c->s);
 }
 
+/* A send the kernel refuses: to the broadcast address without the
+ * broadcast flag (-EACCES, on every Linux), then one to b, which the
+ * refusal must not hold up. */
+typedef struct refused {
+  sock *a;
+  struct sockaddr_storage *to;
+} refused;
+
+static void send_refused(void *arg) {
+  refused *r = arg;
+  struct sockaddr_in bc = {.sin_family = AF_INET,
+                           .sin_port = htons(9),
+                           .sin_addr.s_addr = htonl(INADDR_BROADCAST)};
+  TU_CHECK_RC(weft_udp_send(r->a->u, "x", 1, (struct sockaddr *)&bc, sizeof bc,
+                            on_sent, r->a),
+              0);
+  TU_CHECK_RC(weft_udp_send(r->a->u, "y", 1, (struct sockaddr *)r->to,
+                            addr_len(r->to), on_sent, r->a),
+              0);
+}
+
+static void test_refused_send(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  weft_rt *rt = rt_make(NWORKERS);
+  sock a, b;
+  sock_open(&a, rt, NULL, AF_INET, NULL);
+  sock_open(&b, rt, NULL, AF_INET, NULL);
+  tu_on_strand(weft_udp_strand(b.u), sock_recv_start, &b);
+  refused r = {&a, &b.bound};
+  tu_on_strand(weft_udp_strand(a.u), send_refused, &r);
+  tu_event_wait(&a.sent_ev, 2, "both send callbacks");
+  tu_event_wait(&b.got_ev, 1, "the datagram after the refused one");
+  assert_int_equal(a.sent_err, 1);
+  assert_int_equal(a.last_send_err, -EACCES);
+  assert_int_equal(a.sent_ok, 1);
+  assert_int_equal(b.got, 1);
+  assert_int_equal(b.first[0], 'y');
+  rt_end(rt);
+  sock_fini(&a);
+  sock_fini(&b);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 static void test_connected(void **state) {
   (void)state;
   tu_reset_async_errors();
@@ -653,11 +699,11 @@ static void test_bad_input(void **state) {
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_echo),      cmocka_unit_test(test_pair_v4),
-      cmocka_unit_test(test_pair_v6),   cmocka_unit_test(test_truncation),
-      cmocka_unit_test(test_connected), cmocka_unit_test(test_fairness),
-      cmocka_unit_test(test_multicast), cmocka_unit_test(test_close_queued),
-      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_echo),         cmocka_unit_test(test_pair_v4),
+      cmocka_unit_test(test_pair_v6),      cmocka_unit_test(test_truncation),
+      cmocka_unit_test(test_connected),    cmocka_unit_test(test_refused_send),
+      cmocka_unit_test(test_fairness),     cmocka_unit_test(test_multicast),
+      cmocka_unit_test(test_close_queued), cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
