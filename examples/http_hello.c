@@ -3,6 +3,7 @@
  * of the HTTP benchmarks (wrk against it, nginx, Asio and libuv).
  *
  *   http_hello [--port P] [--threads N] [--host ADDR] [--unix PATH]
+ *              [--metrics P]
  *
  * Every request (a header block ending in an empty line; bodies are not
  * supported) gets "Hello, World!" with keep-alive; a request with
@@ -21,7 +22,14 @@
  * queue for the connection grows past QUEUE_LIMIT (a client pipelining
  * without reading), the next write is tracked and reading waits for it.
  * Per-connection state is freed in the close callback.
- * Prints "listening on PORT"; SIGINT or SIGTERM stops it (exit 0).
+ *
+ * With --metrics P, a second listener on the same host, port P (0: a free
+ * one), is an admin endpoint: GET /metrics answers with the runtime's
+ * counters in Prometheus's text format (weft_rt_metrics), for a scrape or
+ * curl, then closes the connection.
+ *
+ * Prints "listening on PORT" (then "metrics on PORT"); SIGINT or SIGTERM
+ * stops it (exit 0).
  */
 #include <weft.h>
 
@@ -217,22 +225,124 @@ static void on_accept(void *arg, weft_tcp *c) {
   hconn_read(h);
 }
 
+/* ---- the admin endpoint (--metrics) ------------------------------------- */
+
+static weft_rt *g_rt;
+
+struct mconn {
+  size_t len;
+  char head[160];
+  char *body;
+  char req[1024];
+};
+
+static void metrics_free(void *data, weft_tcp *c) {
+  (void)c;
+  struct mconn *m = data;
+  free(m->body);
+  free(m);
+}
+
+static void metrics_sent(void *arg, weft_tcp *c, int status) {
+  (void)arg;
+  (void)status;
+  weft_tcp_close(c, 0);
+}
+
+/* The answer to a whole request head: the counters, or 404. */
+static void metrics_answer(struct mconn *m, weft_tcp *c) {
+  static const char not_found[] = "HTTP/1.1 404 Not Found\r\nContent-Length: "
+                                  "0\r\nConnection: close\r\n\r\n";
+  if (strncmp(m->req, "GET /metrics ", 13) != 0) {
+    if (weft_tcp_write(c, not_found, sizeof(not_found) - 1, metrics_sent, m))
+      weft_tcp_close(c, 0);
+    return;
+  }
+  /* Room to spare: the counters may grow between the two calls. */
+  long need = weft_rt_metrics(g_rt, WEFT_METRICS_PROMETHEUS, NULL, 0);
+  size_t room = need > 0 ? (size_t)need + 4096 : 0;
+  long n = room && (m->body = malloc(room))
+               ? weft_rt_metrics(g_rt, WEFT_METRICS_PROMETHEUS, m->body, room)
+               : -1;
+  if (n < 0 || (size_t)n >= room) {
+    weft_tcp_close(c, 0);
+    return;
+  }
+  int h = snprintf(m->head, sizeof(m->head),
+                   "HTTP/1.1 200 OK\r\nContent-Type: text/plain; "
+                   "version=0.0.4\r\nContent-Length: %ld\r\nConnection: "
+                   "close\r\n\r\n",
+                   n);
+  if (weft_tcp_write(c, m->head, (size_t)h, NULL, NULL) < 0 ||
+      weft_tcp_write(c, m->body, (size_t)n, metrics_sent, m) < 0)
+    weft_tcp_close(c, 0);
+}
+
+static void metrics_read(void *arg, weft_tcp *c, long n) {
+  struct mconn *m = arg;
+  if (n <= 0) {
+    weft_tcp_close(c, 0);
+    return;
+  }
+  m->len += (size_t)n;
+  if (memmem(m->req, m->len, "\r\n\r\n", 4))
+    metrics_answer(m, c);
+  else if (m->len == sizeof(m->req) ||
+           weft_tcp_read(c, m->req + m->len, sizeof(m->req) - m->len,
+                         metrics_read, m) < 0)
+    weft_tcp_close(c, 0);
+}
+
+static void metrics_accept(void *arg, weft_tcp *c) {
+  (void)arg;
+  struct mconn *m = calloc(1, sizeof(*m));
+  if (!m) {
+    weft_tcp_close(c, 1);
+    return;
+  }
+  weft_tcp_set_data(c, m, metrics_free);
+  if (weft_tcp_read(c, m->req, sizeof(m->req), metrics_read, m) < 0)
+    weft_tcp_close(c, 0);
+}
+
+static void metrics_announce(void *arg) {
+  struct sockaddr_storage ss;
+  unsigned len = sizeof(ss);
+  if (weft_listener_addr(arg, (struct sockaddr *)&ss, &len) < 0)
+    return;
+  printf("metrics on %u\n", ss.ss_family == AF_INET6
+                                ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
+                                : ntohs(((struct sockaddr_in *)&ss)->sin_port));
+  fflush(stdout);
+}
+
 static void usage(void) {
   fprintf(stderr, "usage: http_hello [--port P] [--threads N] [--host ADDR] "
-                  "[--unix PATH]\n");
+                  "[--unix PATH] [--metrics P]\n");
   exit(1);
 }
 
 int main(int argc, char **argv) {
   struct ex_opts o;
   ex_opts_init(&o);
+  long metrics_port = -1;
   for (int i = 1; i < argc; i += 2) {
-    if (i + 1 >= argc || ex_common_opt(&o, argv[i], argv[i + 1]) != 1)
+    unsigned long v;
+    if (i + 1 < argc && !strcmp(argv[i], "--metrics") &&
+        ex_parse_uint(argv[i + 1], 65535, &v))
+      metrics_port = (long)v;
+    else if (i + 1 >= argc || ex_common_opt(&o, argv[i], argv[i + 1]) != 1)
       usage();
   }
   for (size_t i = 0; i < MAX_REQS; i++)
     memcpy(many + i * KEEP_LEN, resp_keep, KEEP_LEN);
-  weft_rt *rt = ex_rt_create("http_hello", &o);
+  weft_rt *rt = g_rt = ex_rt_create("http_hello", &o);
   weft_listener *l = ex_listen("http_hello", rt, &o, on_accept, NULL);
-  return ex_serve("http_hello", rt, l, NULL, NULL);
+  if (metrics_port < 0)
+    return ex_serve("http_hello", rt, l, NULL, NULL);
+  struct ex_opts mo = o;
+  mo.port = (unsigned)metrics_port;
+  mo.unix_path = NULL;
+  weft_listener *ml = ex_listen("http_hello", rt, &mo, metrics_accept, NULL);
+  return ex_serve_with("http_hello", rt, l, NULL, NULL, metrics_announce, ml);
 }

@@ -250,7 +250,8 @@ static inline void ex_on_stop(void *arg, int signo, uint64_t count) {
 
 /* Prints "listening on ..." once SIGINT and SIGTERM are watched (so a
  * signal sent as soon as the line is read stops the server cleanly; with
- * l NULL, announce(announce_arg) says it instead), then
+ * l NULL, announce(announce_arg) says it instead; with both, announce
+ * prints what follows that line), then
  * serves until SIGINT or SIGTERM: then before(arg) runs (if not NULL),
  * the listener closes, and the runtime shuts down (DRAIN: weft closes
  * every connection and UDP socket still open, their pending callbacks run with
@@ -278,7 +279,7 @@ static inline int ex_serve_with(const char *prog, weft_rt *rt, weft_listener *l,
   }
   if (l)
     ex_print_listening(l);
-  else
+  if (announce)
     announce(announce_arg);
   r = weft_rt_wait(rt, UINT64_MAX);
   if (r < 0)

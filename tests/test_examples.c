@@ -204,25 +204,30 @@ static char **xt_env(void) {
   return env;
 }
 
-/* Reads the child's first stdout line and returns the port it names. */
-static unsigned xt_read_port(xt_child *c) {
-  char line[128];
+/* Reads the child's next stdout line (what: the line it should be). */
+static void xt_read_line(xt_child *c, char *line, size_t size,
+                         const char *what) {
   size_t len = 0;
   uint64_t deadline = tu_deadline_ns(TU_WAIT_S);
   while (len == 0 || line[len - 1] != '\n') {
-    if (len == sizeof(line) - 1)
-      fail_msg("%s: first line too long", c->name);
-    xt_poll(c->out, POLLIN, deadline, "the 'listening on' line");
+    if (len == size - 1)
+      fail_msg("%s: line too long", c->name);
+    xt_poll(c->out, POLLIN, deadline, what);
     ssize_t n = read(c->out, line + len, 1);
     if (n == 0)
-      fail_msg("%s (%s) ended its output before 'listening on PORT'", c->name,
-               g_backend);
+      fail_msg("%s (%s) ended its output before %s", c->name, g_backend, what);
     if (n < 0 && errno != EINTR && errno != EAGAIN)
       fail_msg("read from %s: %s", c->name, strerror(errno));
     if (n > 0)
       len++;
   }
   line[len] = '\0';
+}
+
+/* Reads the child's first stdout line and returns the port it names. */
+static unsigned xt_read_port(xt_child *c) {
+  char line[128];
+  xt_read_line(c, line, sizeof line, "the 'listening on PORT' line");
   unsigned port;
   char end;
   if (c->unix_path) {
@@ -503,9 +508,45 @@ static const char req_plain[] = "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n";
 static const char req_close[] =
     "GET /bye HTTP/1.1\r\nHost: localhost\r\nconnection: Close\r\n\r\n";
 
+/* http_hello's admin endpoint: GET /metrics gives the counters as
+ * Prometheus text, with a Content-Length that matches; anything else 404. */
+static void xt_check_metrics(unsigned port) {
+  int m = xt_connect(port);
+  xt_send_str(m, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  const char *got = xt_read_to_close(m);
+  close(m);
+  const char *head = "HTTP/1.1 200 OK\r\nContent-Type: text/plain; "
+                     "version=0.0.4\r\nContent-Length: ";
+  if (strncmp(got, head, strlen(head)) != 0)
+    fail_msg("GET /metrics: got \"%.200s\"", got);
+  size_t clen = strtoul(got + strlen(head), NULL, 10);
+  const char *body = strstr(got, "\r\n\r\n");
+  assert_non_null(body);
+  body += 4;
+  assert_int_equal(strlen(body), clen);
+  const char *s0 = strstr(body, "weft_handlers_run_total{shard=\"0\"} ");
+  const char *s1 = strstr(body, "weft_handlers_run_total{shard=\"1\"} ");
+  assert_non_null(s0);
+  assert_non_null(s1);
+  assert_true(strtoull(s0 + 35, NULL, 10) + strtoull(s1 + 35, NULL, 10) > 0);
+  assert_non_null(strstr(body, "# TYPE weft_tcp_live gauge\n"));
+  m = xt_connect(port);
+  xt_send_str(m, "GET /other HTTP/1.1\r\n\r\n");
+  got = xt_read_to_close(m);
+  close(m);
+  if (strncmp(got, "HTTP/1.1 404 ", 13) != 0)
+    fail_msg("GET /other on the metrics port: got \"%.200s\"", got);
+}
+
 static void test_http(void **state) {
   xt_begin(state, "http_hello");
-  xt_child *h = xt_start("http_hello", NULL);
+  const char *const margs[] = {"--metrics", "0", NULL};
+  xt_child *h = xt_start("http_hello", margs);
+  char mline[128];
+  unsigned mport;
+  xt_read_line(h, mline, sizeof mline, "the 'metrics on PORT' line");
+  if (sscanf(mline, "metrics on %u", &mport) != 1 || !mport)
+    fail_msg("http_hello: unexpected second line \"%s\"", mline);
   const size_t klen = sizeof(resp_keep) - 1;
 
   int ka = xt_connect(h->port);
@@ -554,6 +595,7 @@ static void test_http(void **state) {
     fail_msg("oversized request: got \"%s\"", got);
   close(big);
 
+  xt_check_metrics(mport);
   xt_stop(h); /* ka is still open */
   close(ka);
 }
