@@ -14,10 +14,15 @@
  * With no option it is the demo: weft and Asio (both strand kinds, when
  * bench/peers was built) unblocked and with one sleeper, as a table.
  * With options it is the benchmark build/bench/seed_strand: its last line
- * is one JSON object, with the peers' figures and the ratios.
+ * is one JSON object, with the peers' figures and the ratios, and a floor:
+ * the same work with no runtime (each thread runs its share of the chains
+ * in a loop: allocate the next Work, count on the shared counter, free the
+ * last; no strands, no queues, no parking), against which weft's
+ * unblocked rate is reported as a fraction.
  */
 #include <weft.h>
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -141,6 +146,51 @@ static double run_weft(const struct opts *o, unsigned blocking) {
   weft_rt_stats(rt, &st);
   last_handoffs = st.total.handoffs;
   weft_rt_destroy(rt);
+  return (double)(c1 - c0) / (t1 - t0);
+}
+
+/* The floor's thread: its chains, each allocating its next Work, counting
+ * and freeing its last, in turn, while running. */
+static void *floor_thread(void *arg) {
+  unsigned chains = (unsigned)(uintptr_t)arg;
+  struct work **w = calloc(chains, sizeof(*w));
+  if (!w)
+    die("calloc", -ENOMEM);
+  while (atomic_load_explicit(&running, memory_order_relaxed))
+    for (unsigned i = 0; i < chains; i++) {
+      struct work *next = malloc(sizeof(*next));
+      if (!next)
+        die("malloc", -ENOMEM);
+      atomic_fetch_add_explicit(&counter, 1, memory_order_relaxed);
+      free(w[i]);
+      w[i] = next;
+    }
+  for (unsigned i = 0; i < chains; i++)
+    free(w[i]);
+  free(w);
+  return NULL;
+}
+
+/* The same work with no runtime, on o->threads threads; handlers (loop
+ * turns) per second. */
+static double run_floor(const struct opts *o) {
+  pthread_t t[WEFT_MAX_WORKERS];
+  atomic_store(&running, true);
+  atomic_store(&counter, 0);
+  for (unsigned i = 0; i < o->threads; i++) {
+    unsigned chains = o->work / o->threads + (i < o->work % o->threads);
+    if (pthread_create(&t[i], NULL, floor_thread,
+                       (void *)(uintptr_t)(chains ? chains : 1)))
+      die("pthread_create", -EAGAIN);
+  }
+  long c0 = atomic_load(&counter);
+  double t0 = now_s();
+  usleep((useconds_t)(o->seconds * 1e6));
+  long c1 = atomic_load(&counter);
+  double t1 = now_s();
+  atomic_store(&running, false);
+  for (unsigned i = 0; i < o->threads; i++)
+    pthread_join(t[i], NULL);
   return (double)(c1 - c0) / (t1 - t0);
 }
 
@@ -290,7 +340,7 @@ static void bench(struct opts *o) {
   }
   /* Blocked and unblocked alternate, --rounds times; medians. On a small
    * machine the shared counter makes single runs swing by 2x. */
-  double wr[16], wur[16];
+  double wr[16], wur[16], fr[16];
   uint64_t handoffs = 0, stalls = 0;
   for (unsigned r = 0; r < o->rounds; r++) {
     atomic_store(&stalls_seen, 0);
@@ -298,9 +348,11 @@ static void bench(struct opts *o) {
     handoffs += last_handoffs;
     stalls += atomic_load(&stalls_seen);
     wur[r] = o->blocking ? run_weft(o, 0) : wr[r];
+    fr[r] = run_floor(o);
   }
   double w = bench_median(wr, (int)o->rounds);
   double wu = bench_median(wur, (int)o->rounds);
+  double fl = bench_median(fr, (int)o->rounds);
   double a = -1, al = -1, au = -1, alu = -1;
   if (o->peers) {
     a = run_peer(o, o->blocking, false);
@@ -309,16 +361,18 @@ static void bench(struct opts *o) {
     alu = o->blocking && al >= 0 ? run_peer(o, 0, true) : al;
   }
   double best = a > al ? a : al;
-  printf("weft %.0f h/s (unblocked %.0f); asio strand %.0f, legacy %.0f\n", w,
-         wu, a, al);
+  printf("weft %.0f h/s (unblocked %.0f); asio strand %.0f, legacy %.0f; "
+         "floor %.0f\n",
+         w, wu, a, al, fl);
   printf("{\"bench\":\"seed_strand\",\"threads\":%u,\"seconds\":%.2f,"
          "\"blocking\":%u,\"work\":%u,\"rounds\":%u,"
          "\"handlers_per_sec\":%.0f,"
          "\"unblocked_handlers_per_sec\":%.0f,\"blocked_ratio\":%.4f,"
-         "\"stalls\":%llu,\"handoffs\":%llu,\"monitor\":%s",
+         "\"stalls\":%llu,\"handoffs\":%llu,\"monitor\":%s,"
+         "\"floor_handlers_per_sec\":%.0f,\"ratio_vs_floor\":%.3f",
          o->threads, o->seconds, o->blocking, o->work, o->rounds, w, wu, w / wu,
          (unsigned long long)stalls, (unsigned long long)handoffs,
-         o->no_monitor ? "false" : "true");
+         o->no_monitor ? "false" : "true", fl, fl > 0 ? wu / fl : 0);
   if (best > 0)
     printf(",\"asio_strand_handlers_per_sec\":%.0f,"
            "\"asio_legacy_handlers_per_sec\":%.0f,"
