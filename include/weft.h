@@ -517,6 +517,11 @@ typedef struct weft_stats {
   unsigned blocking_threads;
   unsigned blocking_queued;
   unsigned blocking_running;
+  /* In total.handlers_cancelled and total.timers_fired but in no shard's
+   * counters: handlers cancelled by a thread after its shard was handed
+   * off, timers fired by a thread that held no shard. */
+  uint64_t handlers_cancelled_outside;
+  uint64_t timers_fired_outside;
   /* New fields are appended here. */
 } weft_stats;
 
@@ -541,14 +546,16 @@ static inline int weft_rt_shard_stats(weft_rt *rt, unsigned shard,
  * object (each weft_stats field by its name, "total" and "per_shard" with
  * weft_shard_stats's fields), or in Prometheus's text exposition format
  * (0.0.4: a weft_<field>_total counter per weft_shard_stats field, one
- * series per shard labelled shard="i", and a weft_<field> gauge or
- * weft_<field>_total counter for each other weft_stats field; times in
- * seconds). Writes at most len bytes of it to buf, NUL-terminated when len
- * is not 0, and returns the length of the whole text (not counting the
- * NUL), as snprintf does: a result of len or more means buf was too small
- * (buf NULL and len 0 asks only for the length). The figures are read as
- * weft_rt_stats reads them. Errors: -EINVAL (rt NULL, an unknown format,
- * buf NULL with len not 0), -ENOMEM, -ECHILD. Any thread. */
+ * series per shard labelled shard="i", plus shard="none" for the counts in
+ * no shard's (handlers_run_after_handoff, handlers_cancelled_outside,
+ * timers_fired_outside), so that a family's series add up to the total;
+ * and a weft_<field> gauge or weft_<field>_total counter for each other
+ * weft_stats field; times in seconds). Writes at most len bytes of it to buf,
+ * NUL-terminated when len is not 0, and returns the length of the whole text
+ * (not counting the NUL), as snprintf does: a result of len or more means buf
+ * was too small (buf NULL and len 0 asks only for the length). The figures are
+ * read as weft_rt_stats reads them. Errors: -EINVAL (rt NULL, an unknown
+ * format, buf NULL with len not 0), -ENOMEM, -ECHILD. Any thread. */
 #define WEFT_METRICS_JSON 1
 #define WEFT_METRICS_PROMETHEUS 2
 WEFT_API long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len);

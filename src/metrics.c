@@ -18,30 +18,38 @@
 #include <string.h>
 
 /* Per-shard counters: Prometheus gives one series per shard (label
- * shard="i"), JSON one object per shard and their sum under "total". */
+ * shard="i"), and for the three with counts in no shard (none: their
+ * offset in weft_stats) a series shard="none", so that the series add up
+ * to the total; JSON gives one object per shard and the total. */
+#define NO_NONE ((size_t)-1)
 static const struct {
   const char *name, *help;
-  size_t off;
+  size_t off, none;
 } SHARD[] = {
 #define F(f, h)                                                                \
-  { #f, h, offsetof(weft_shard_stats, f) }
-    F(handlers_run, "Handlers run."),
-    F(handlers_cancelled, "Handlers not run at a CANCEL shutdown."),
+  { #f, h, offsetof(weft_shard_stats, f), NO_NONE }
+#define G(f, n, h)                                                             \
+  { #f, h, offsetof(weft_shard_stats, f), offsetof(weft_stats, n) }
+    G(handlers_run, handlers_run_after_handoff, "Handlers run."),
+    G(handlers_cancelled, handlers_cancelled_outside,
+      "Handlers not run at a CANCEL shutdown."),
     F(strands_run, "Strand turns."),
     F(steals, "Run-queue items stolen by this shard."),
     F(parks, "Times the shard's thread went to sleep."),
     F(wakeups, "Times a sleeping thread was woken for the shard."),
     F(injected, "Items taken from the runtime's inject queue."),
-    F(timers_fired, "Timer expirations."),
+    G(timers_fired, timers_fired_outside, "Timer expirations."),
     F(stalls, "Handlers noticed running past the stall threshold."),
     F(handoffs, "Times the shard moved to another thread."),
     F(io_events, "Backend completions or readiness events."),
     F(io_enters, "io_uring_enter or epoll_wait calls."),
 #undef F
+#undef G
 };
 
-/* Runtime-wide figures; counter: only ever grows. */
-enum { U64, UINT, NS };
+/* Runtime-wide figures; counter: only ever grows. JSON_ONLY: Prometheus
+ * has it as a shard="none" series of SHARD's. */
+enum { U64, UINT, NS, JSON_ONLY };
 static const struct {
   const char *name, *help;
   size_t off;
@@ -53,9 +61,9 @@ static const struct {
     F(shards, UINT, false, "Shards."),
     F(threads, UINT, false, "Threads running for shards, spares included."),
     F(strands_live, U64, false, "Strands created and not yet reclaimed."),
-    F(handlers_run_after_handoff, U64, true,
-      "Handlers finished after their shard was handed to another thread "
-      "(in no shard's handlers_run)."),
+    F(handlers_run_after_handoff, JSON_ONLY, true, NULL),
+    F(handlers_cancelled_outside, JSON_ONLY, true, NULL),
+    F(timers_fired_outside, JSON_ONLY, true, NULL),
     F(tcp_live, U64, false, "Sockets (connections, listeners, UDP) open."),
     F(recv_bufs_held, U64, false,
       "io_uring receive buffers holding bytes not yet read."),
@@ -142,8 +150,16 @@ static void prometheus(struct out *o, const weft_stats *st,
     for (unsigned k = 0; k < st->shards; k++)
       put(o, "weft_%s_total{shard=\"%u\"} %llu\n", SHARD[i].name, k,
           (unsigned long long)shard_field(&sh[k], i));
+    if (SHARD[i].none != NO_NONE) {
+      uint64_t v;
+      memcpy(&v, (const char *)st + SHARD[i].none, sizeof(v));
+      put(o, "weft_%s_total{shard=\"none\"} %llu\n", SHARD[i].name,
+          (unsigned long long)v);
+    }
   }
   for (unsigned i = 0; i < NRT; i++) {
+    if (RT[i].type == JSON_ONLY)
+      continue;
     const char *name = RT[i].name, *suffix = RT[i].counter ? "_total" : "";
     char base[64];
     if (RT[i].type == NS) { /* Prometheus counts time in seconds */

@@ -571,9 +571,11 @@ int weft_rt_stats_sized(weft_rt *rt, weft_stats *out, size_t size) {
   s.strands_live = created >= freed ? created - freed : 0;
   s.handlers_run_after_handoff = weft__load(&rt->outside.handlers_run, WA_RLX);
   s.total.handlers_run += s.handlers_run_after_handoff;
-  s.total.handlers_cancelled +=
+  s.handlers_cancelled_outside =
       weft__load(&rt->outside.handlers_cancelled, WA_RLX);
-  s.total.timers_fired += weft__load(&rt->outside.timers_fired, WA_RLX);
+  s.total.handlers_cancelled += s.handlers_cancelled_outside;
+  s.timers_fired_outside = weft__load(&rt->outside.timers_fired, WA_RLX);
+  s.total.timers_fired += s.timers_fired_outside;
   pthread_mutex_lock(&rt->th.spare_lock);
   for (unsigned i = 0; i < rt->th.n; i++)
     s.threads += rt->threads[i].slot_state == WEFT_TH_LIVE;
