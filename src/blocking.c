@@ -95,7 +95,9 @@ static int pool_new(struct weft__blocking **out, unsigned max_threads,
    * cache) spent more CPU in its futex sleeps and wakeups than in work. */
   pthread_mutexattr_t ma;
   pthread_mutexattr_init(&ma);
+#ifdef __GLIBC__ /* an enum there, not a macro to test; musl has none */
   pthread_mutexattr_settype(&ma, PTHREAD_MUTEX_ADAPTIVE_NP);
+#endif
   pthread_mutex_init(&b->lock, &ma);
   pthread_mutexattr_destroy(&ma);
   pthread_condattr_t ca;
