@@ -110,6 +110,18 @@ static void on_stall(const weft_stall *st, void *ctx) {
 }
 static uint64_t last_handoffs;
 
+/* Counts handlers for o->seconds, then stops the chains; handlers per
+ * second over the span. */
+static double measure(const struct opts *o) {
+  long c0 = atomic_load(&counter);
+  double t0 = now_s();
+  usleep((useconds_t)(o->seconds * 1e6));
+  long c1 = atomic_load(&counter);
+  double t1 = now_s();
+  atomic_store(&running, false);
+  return (double)(c1 - c0) / (t1 - t0);
+}
+
 /* One run on weft; returns handlers per second. */
 static double run_weft(const struct opts *o, unsigned blocking) {
   weft_config cfg;
@@ -134,19 +146,14 @@ static double run_weft(const struct opts *o, unsigned blocking) {
       die("blocking post", r);
     weft_strand_release(blockers[i]);
   }
-  long c0 = atomic_load(&counter);
-  double t0 = now_s();
-  usleep((useconds_t)(o->seconds * 1e6));
-  long c1 = atomic_load(&counter);
-  double t1 = now_s();
-  atomic_store(&running, false);
+  double rate = measure(o);
   if ((r = weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN)))
     die("weft_rt_shutdown", r);
   weft_stats st;
   weft_rt_stats(rt, &st);
   last_handoffs = st.total.handoffs;
   weft_rt_destroy(rt);
-  return (double)(c1 - c0) / (t1 - t0);
+  return rate;
 }
 
 /* The floor's thread: its chains, each allocating its next Work, counting
@@ -184,15 +191,10 @@ static double run_floor(const struct opts *o) {
     if (pthread_create(&t[i], NULL, floor_thread, (void *)(uintptr_t)chains))
       die("pthread_create", -EAGAIN);
   }
-  long c0 = atomic_load(&counter);
-  double t0 = now_s();
-  usleep((useconds_t)(o->seconds * 1e6));
-  long c1 = atomic_load(&counter);
-  double t1 = now_s();
-  atomic_store(&running, false);
+  double rate = measure(o);
   for (unsigned i = 0; i < n; i++)
     pthread_join(t[i], NULL);
-  return (double)(c1 - c0) / (t1 - t0);
+  return rate;
 }
 
 /* Runs the Asio peer with the same settings; returns handlers/s or -1. */
