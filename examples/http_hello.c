@@ -310,9 +310,7 @@ static void metrics_announce(void *arg) {
   unsigned len = sizeof(ss);
   if (weft_listener_addr(arg, (struct sockaddr *)&ss, &len) < 0)
     return;
-  printf("metrics on %u\n", ss.ss_family == AF_INET6
-                                ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                                : ntohs(((struct sockaddr_in *)&ss)->sin_port));
+  printf("metrics on %u\n", ex_port_of(&ss));
   fflush(stdout);
 }
 

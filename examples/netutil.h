@@ -200,6 +200,13 @@ static inline weft_listener *ex_listen(const char *prog, weft_rt *rt,
   return l;
 }
 
+/* The port of an IPv4 or IPv6 address. */
+static inline unsigned ex_port_of(const struct sockaddr_storage *ss) {
+  return ss->ss_family == AF_INET6
+             ? ntohs(((const struct sockaddr_in6 *)ss)->sin6_port)
+             : ntohs(((const struct sockaddr_in *)ss)->sin_port);
+}
+
 /* Prints "listening on PORT" (or the Unix socket's path, or "@name") and
  * flushes: what scripts and tests wait for. */
 static inline void ex_print_listening(weft_listener *l) {
@@ -215,10 +222,7 @@ static inline void ex_print_listening(weft_listener *l) {
     else
       printf("listening on %s\n", u->sun_path);
   } else {
-    unsigned port = ss.ss_family == AF_INET6
-                        ? ntohs(((struct sockaddr_in6 *)&ss)->sin6_port)
-                        : ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    printf("listening on %u\n", port);
+    printf("listening on %u\n", ex_port_of(&ss));
   }
   fflush(stdout);
 }
