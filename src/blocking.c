@@ -148,9 +148,8 @@ static void deliver(weft_rt *rt, struct job *j) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  weft_strand *st = j->strand; /* j may be reused once done has run */
-  weft__node_post(rt, local, st, n, false);
-  weft__strand_unhold(st); /* taken by weft__blocking_submit */
+  /* the hold: weft__blocking_submit's */
+  weft__node_post_unhold(rt, local, j->strand, n);
   weft__local_end(local);
   weft__busy_drop(rt, 1);
 }

@@ -92,9 +92,7 @@ static void ring_done(struct weft__ioh *h, struct weft__shard *local,
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
-  weft_strand *st = q->strand; /* q may be gone once fn has run */
-  weft__node_post(rt, local, st, n, false);
-  weft__strand_unhold(st); /* taken by ring_submit */
+  weft__node_post_unhold(rt, local, q->strand, n); /* ring_submit's hold */
   weft__busy_drop(rt, 1);
 }
 

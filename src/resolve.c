@@ -127,9 +127,7 @@ static void lookup_done(void *arg, long result) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL); /* out of memory: retry, never lose fn */
   }
-  weft_strand *st = r->strand; /* r may be gone once fn has run */
-  weft__node_post(r->rt, local, st, n, false);
-  weft__strand_unhold(st);
+  weft__node_post_unhold(r->rt, local, r->strand, n);
   weft__local_end(local);
 }
 
@@ -219,9 +217,7 @@ int weft_resolve_cancel(weft_lookup *r) {
       struct timespec ts = {0, 1000000};
       nanosleep(&ts, NULL); /* out of memory: retry, never lose fn */
     }
-    weft_strand *st = r->strand; /* r may be gone once fn has run */
-    weft__node_post(rt, local, st, n, false);
-    weft__strand_unhold(st);
+    weft__node_post_unhold(rt, local, r->strand, n);
   } else {
     req_unref(r);
     ret = -EALREADY;

@@ -187,6 +187,12 @@ void weft__strand_unhold(weft_strand *s) {
     strand_retire(s);
 }
 
+void weft__node_post_unhold(weft_rt *rt, struct weft__shard *local,
+                            weft_strand *s, struct weft__node *n) {
+  weft__node_post(rt, local, s, n, false);
+  weft__strand_unhold(s);
+}
+
 static void strand_push(weft_strand *s, struct weft__shard *local,
                         struct weft__node *n, bool prio) {
 #ifdef WEFT_DEBUG

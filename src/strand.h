@@ -75,6 +75,11 @@ static inline int weft__strand_usable(const weft_rt *rt, const weft_strand *s) {
  * operation); unhold after the completion's post, never before it. */
 void weft__strand_hold(weft_strand *s);
 void weft__strand_unhold(weft_strand *s);
+/* An operation's completion: queues n on s (NULL: any worker), then drops
+ * the hold the operation took on s. Whatever n's handler frees may be
+ * gone on return. */
+void weft__node_post_unhold(weft_rt *rt, struct weft__shard *local,
+                            weft_strand *s, struct weft__node *n);
 
 /* A node for fn (cancel: what runs instead at a CANCEL shutdown), from
  * local's cache (NULL: outside any shard). NULL on ENOMEM. */
