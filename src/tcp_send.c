@@ -107,7 +107,7 @@ static void advance(struct weft__conn *c, size_t n) {
   c->queued -= n;
   while (c->wq_head) {
     struct weft__wreq *w = c->wq_head;
-    if (n && w->left)
+    if (n && w->ctl)
       w->ctl_sent = true; /* its descriptors went with its first byte */
     while (n && w->iovpos < w->iovcnt) {
       struct iovec *v = &w->iov[w->iovpos];
