@@ -19,7 +19,7 @@
 #   make test       build and ctest three configurations: build/ (gcc,
 #                   Release), build-asan/ (clang, ASan+UBSan, Debug),
 #                   build-tsan/ (gcc, TSan, RelWithDebInfo); the tests and
-#                   examples only (deps: cmocka, clang)
+#                   examples only (deps: cmocka, clang, python3)
 #   make test-release | test-asan | test-tsan    one of them
 #   make bench      build the benchmarks and peers, then run every benchmark
 #                   in build/bench/ (deps: everything, tools/deps.sh bench)

@@ -74,6 +74,14 @@ typedef struct weft_stall {
                           socket or blocking-pool callback weft called */
   uint64_t running_ns; /* how long it had run when noticed */
   int handed_off;      /* 1: the shard was handed to another thread */
+  /* The stuck thread's backtrace, innermost (the function it was in)
+   * first, valid only during the callback; NULL and 0 when none was taken:
+   * the thread was blocked (a signal would interrupt its system call), or
+   * stall_signal is -1 or the application's, or the thread did not answer
+   * within 20 ms, or another stall's was taken less than a second before.
+   * Name them with dladdr, or with addr2line and the object's base. */
+  void *const *frames;
+  unsigned nframes;
 } weft_stall;
 
 /* Called on the runtime's monitor thread once per stall; it must return
@@ -96,6 +104,7 @@ typedef void (*weft_log_fn)(void *ctx, int level, const char *msg);
 /* weft_config.flags */
 #define WEFT_CONFIG_NO_MONITOR 1u    /* no monitor: no handoff, no reports */
 #define WEFT_CONFIG_NO_TIMER_SPIN 2u /* always sleep: see timer_spin_ns */
+#define WEFT_CONFIG_NO_TRACE 4u      /* no flight recorder: see trace_bytes */
 
 /* weft_config.backend: how the shards wait for sockets. AUTO takes
  * io_uring and falls back to epoll by itself when io_uring is refused
@@ -159,7 +168,9 @@ typedef struct weft_config {
   unsigned blocking_threads;
   unsigned blocking_queue;
   /* Stall reports: NULL logs one line (WEFT_LOG_WARN) naming the handler,
-   * at most once a second. */
+   * at most once a second, followed by a line per frame of the stuck
+   * thread's backtrace, or naming the system call it is blocked in
+   * (stall_signal). */
   weft_stall_fn on_stall;
   void *on_stall_ctx;
   /* WEFT_BACKEND_*; 0: AUTO. */
@@ -203,6 +214,31 @@ typedef struct weft_config {
    * pool of its own, apart from weft_blocking's (0: 8). Lookups beyond it
    * wait (up to 1024 of them). */
   unsigned resolve_threads;
+  /* The flight recorder (weft_rt_trace_dump): bytes of recent events each
+   * thread of the runtime's shards keeps in a ring of its own, 32 bytes an
+   * event, allocated when the thread starts (the monitor's and the
+   * blocking pools' threads keep an eighth of it). 0: 262144 (8192
+   * events); else at least 4096, rounded down to a power of two.
+   * WEFT_CONFIG_NO_TRACE, or the environment variable WEFT_TRACE=off, turns the
+   * recorder off. */
+  size_t trace_bytes;
+  /* A directory into which the monitor writes a dump of the recorder
+   * after it reports a stall, at most one every 10 seconds, named
+   * weft-trace-PID-N.txt, and logs its name (WEFT_LOG_WARN). NULL: the
+   * environment variable WEFT_TRACE_DIR, else no dumps. */
+  const char *trace_dir;
+  /* The signal the monitor sends a stuck thread that computes, to take its
+   * backtrace for the stall report (weft_stall.frames, and a line per
+   * frame after the log's stall line); a blocked thread is not signalled
+   * (its system call would return EINTR), and its report names the system
+   * call instead. 0: SIGRTMAX - 1; -1: no backtraces. Else SIGUSR1,
+   * SIGUSR2 or SIGRTMIN..SIGRTMAX. weft_rt_create installs weft's handler
+   * for it if its action is SIG_DFL, and leaves it installed for the life
+   * of the process (runtimes share it; it ignores signals nobody asked
+   * for). If the application has a handler of its own (or SIG_IGN), it is
+   * left alone, and reports come without backtraces (one WEFT_LOG_INFO
+   * message says so). The runtime's threads unblock this one signal. */
+  int stall_signal;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
@@ -550,7 +586,12 @@ static inline int weft_rt_shard_stats(weft_rt *rt, unsigned shard,
  * no shard's (handlers_run_after_handoff, handlers_cancelled_outside,
  * timers_fired_outside), so that a family's series add up to the total;
  * and a weft_<field> gauge or weft_<field>_total counter for each other
- * weft_stats field; times in seconds). Writes at most len bytes of it to buf,
+ * weft_stats field; times in seconds). Both also carry the runtime's
+ * latency histograms (weft_rt_histogram): JSON's "latency" object has,
+ * per kind (sched_delay, turn, timer_late, io_delay, pool_wait), count,
+ * sum_ns, max_ns and p50_ns, p90_ns, p99_ns, p99.9_ns; Prometheus has a
+ * summary weft_<kind>_seconds with those quantiles, _sum and _count.
+ * Writes at most len bytes of it to buf,
  * NUL-terminated when len is not 0, and returns the length of the whole text
  * (not counting the NUL), as snprintf does: a result of len or more means buf
  * was too small (buf NULL and len 0 asks only for the length). The figures are
@@ -559,6 +600,84 @@ static inline int weft_rt_shard_stats(weft_rt *rt, unsigned shard,
 #define WEFT_METRICS_JSON 1
 #define WEFT_METRICS_PROMETHEUS 2
 WEFT_API long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len);
+
+/* Latency histograms, always on. Kinds:
+ *  SCHED_DELAY  from a strand becoming runnable (a post to it while idle,
+ *               or its turn requeued after `batch` handlers) or a handler
+ *               without strand being posted, to its turn starting: Go's
+ *               runnable-to-running latency.
+ *  TURN         how long a run-queue item ran: a strand's turn (up to
+ *               `batch` handlers) or a single handler.
+ *  TIMER_LATE   how late a timer fired: from its deadline to its firing
+ *               (the handler's own start is one SCHED_DELAY later).
+ *  IO_DELAY     from a socket operation's completion reaped from the
+ *               kernel to its callback starting.
+ *  POOL_WAIT    a weft_blocking or weft_fs job's wait for a pool thread.
+ * Each shard keeps its own; the blocking pool's and what ran after a
+ * handoff are the runtime's only. Times come from the CPU's tick counter
+ * where it runs at a constant rate (else CLOCK_MONOTONIC), scaled to ns. */
+#define WEFT_HIST_SCHED_DELAY 0
+#define WEFT_HIST_TURN 1
+#define WEFT_HIST_TIMER_LATE 2
+#define WEFT_HIST_IO_DELAY 3
+#define WEFT_HIST_POOL_WAIT 4
+#define WEFT_HIST_KINDS 5
+
+/* Log-linear buckets: bucket i < 16 holds the value i ns; above, eight
+ * buckets to each power of two, so a bucket's width is at most an eighth
+ * of its values; the last one also holds everything above (about 70 s).
+ * weft_histogram_bucket_low(i) is the least value of bucket i. */
+#define WEFT_HISTOGRAM_BUCKETS 352
+
+typedef struct weft_histogram {
+  uint64_t count;  /* values recorded */
+  uint64_t sum_ns; /* their sum */
+  uint64_t max_ns; /* the largest */
+  uint64_t buckets[WEFT_HISTOGRAM_BUCKETS];
+} weft_histogram;
+
+/* Reads one kind's histogram: of one shard, or shard -1 for the whole
+ * runtime (every shard's and the runtime's own). Read while it is
+ * written: count and the buckets' sum may differ by a few values.
+ * Errors: -EINVAL (rt or out NULL, unknown kind, shard out of range).
+ * Any thread. */
+WEFT_API int weft_rt_histogram_sized(weft_rt *rt, int kind, int shard,
+                                     weft_histogram *out, size_t size);
+static inline int weft_rt_histogram(weft_rt *rt, int kind, int shard,
+                                    weft_histogram *out) {
+  return weft_rt_histogram_sized(rt, kind, shard, out, sizeof(*out));
+}
+/* The q-quantile (0 <= q <= 1; 0.99: the 99th percentile) of h: the
+ * highest value of the bucket that holds it, or the maximum if that is
+ * less. 0 for an empty histogram. */
+WEFT_API uint64_t weft_histogram_percentile(const weft_histogram *h, double q);
+/* The least value of bucket i; UINT64_MAX past the last. */
+WEFT_API uint64_t weft_histogram_bucket_low(unsigned i);
+
+/* The flight recorder. Each thread of the runtime (the shards' threads
+ * and spares, the monitor, the blocking pools' threads) keeps its latest
+ * events in a ring of its own (weft_config.trace_bytes): when it starts
+ * and ends a run-queue item (a strand's turn of up to `batch` handlers,
+ * named by its first and last, or a single handler), parks and wakes,
+ * steals, fires a timer, submits and completes I/O, runs a blocking job;
+ * the monitor's stalls and handoffs. Single posts are not recorded (each
+ * would cost about what running a handler does); a turn's handler count
+ * is. Writing an event costs a read of the CPU's tick counter and six
+ * stores, with no lock and no shared cache line.
+ *
+ * weft_rt_trace_dump writes every ring's events as text to fd, times in
+ * CLOCK_MONOTONIC nanoseconds, code addresses with their names (the
+ * format is in docs/design.md, "The flight recorder"); tools/weft-trace
+ * turns a dump into a Chrome trace that Perfetto (ui.perfetto.dev) or
+ * chrome://tracing opens, a track per thread and per shard. The rings are
+ * read while they are written: an event being written meanwhile is left
+ * out. Dumping costs the calling thread a few milliseconds; call it
+ * from a blocking job, a signal watcher (weft_signal_watch) or a thread of
+ * the application's, rather than from a handler on a busy strand. Any
+ * thread. Errors: -EINVAL (rt NULL, fd < 0), -ENOTSUP (recorder off:
+ * WEFT_CONFIG_NO_TRACE), -ENOMEM, a write's error. With
+ * weft_config.trace_dir, the monitor also dumps after a stall report. */
+WEFT_API int weft_rt_trace_dump(weft_rt *rt, int fd);
 
 #ifdef __cplusplus
 }

@@ -46,6 +46,7 @@ struct job {
   int state;
   weft_rt *rt;
   struct job *prev, *next; /* queue, or free list (next only) */
+  uint64_t queued_ns;      /* when it was queued (WEFT_HIST_POOL_WAIT) */
 };
 
 struct pool_thread {
@@ -176,6 +177,7 @@ static void *pool_loop(void *p) {
   struct pool_arg a = *(struct pool_arg *)p;
   free(p);
   struct weft__blocking *b = a.b;
+  weft__trace_attach(a.rt, WEFT_RING_POOL, (unsigned)(a.self - b->threads));
   pthread_mutex_lock(&b->lock);
   for (;;) {
     if (!b->head) {
@@ -195,10 +197,16 @@ static void *pool_loop(void *p) {
     unlink_job(b, j);
     j->state = J_RUNNING;
     b->running++;
+    uint64_t queued = j->queued_ns;
+    weft_work_fn work = j->work;
     pthread_mutex_unlock(&b->lock);
     uint64_t t0 = weft__now_ns();
-    long result = j->work(j->arg);
+    uint64_t wait = t0 > queued ? t0 - queued : 0;
+    weft__hist_add_shared(&a.rt->outside.hist[WEFT_HIST_POOL_WAIT], wait);
+    weft__trace(WEFT_EV_JOB, WEFT_TRACE_NO_SHARD, (uintptr_t)work, wait);
+    long result = work(j->arg);
     uint64_t t1 = weft__now_ns();
+    weft__trace(WEFT_EV_JOB_END, WEFT_TRACE_NO_SHARD, (uintptr_t)work, 0);
     pthread_mutex_lock(&b->lock);
     j->result = result;
     j->state = J_DONE;
@@ -211,6 +219,7 @@ static void *pool_loop(void *p) {
   b->live--;
   a.self->state = WEFT_TH_EXITED;
   pthread_mutex_unlock(&b->lock);
+  weft__trace_detach();
   return NULL;
 }
 
@@ -282,6 +291,7 @@ int weft__blocking_submit(weft_rt *rt, struct weft__blocking *b,
   j->rt = rt;
   j->pool = b;
   j->state = J_QUEUED;
+  j->queued_ns = weft__now_ns();
   j->next = NULL;
   j->prev = b->tail;
   if (b->tail)

@@ -344,6 +344,13 @@ void weft__io_close(weft_rt *rt, struct weft__shard *sh, int fd) {
   weft__busy_drop(rt, 1);
 }
 
+/* A verb's result, recorded (trace.h) when the operation was queued. */
+static inline int queued(struct weft__shard *sh, int r, unsigned op, int fd) {
+  if (!r)
+    weft__trace(WEFT_EV_SUBMIT, sh->idx, op, (uint64_t)(int64_t)fd);
+  return r;
+}
+
 /* The caller's ring: NULL without a shard, or on a readiness backend. */
 static struct weft__io *ring_io(struct weft__shard *sh) {
   struct weft__io *io = weft__io_of(sh);
@@ -353,50 +360,64 @@ static struct weft__io *ring_io(struct weft__shard *sh) {
 int weft__io_recv(struct weft__shard *sh, int fd, void *buf, size_t len,
                   bool poll_first, struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_recv(io, fd, buf, len, poll_first, h) : -EAGAIN;
+  return io ? queued(sh, weft__uring_recv(io, fd, buf, len, poll_first, h),
+                     WEFT_OP_RECV, fd)
+            : -EAGAIN;
 }
 
 int weft__io_recvmsg(struct weft__shard *sh, int fd, struct msghdr *msg,
                      int flags, bool poll_first, struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_recvmsg(io, fd, msg, flags, poll_first, h) : -EAGAIN;
+  return io ? queued(sh, weft__uring_recvmsg(io, fd, msg, flags, poll_first, h),
+                     WEFT_OP_RECV, fd)
+            : -EAGAIN;
 }
 
 int weft__io_recv_multishot(struct weft__shard *sh, int fd,
                             struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_recv_multishot(io, fd, h) : -EAGAIN;
+  return io ? queued(sh, weft__uring_recv_multishot(io, fd, h), WEFT_OP_RECVM,
+                     fd)
+            : -EAGAIN;
 }
 
 int weft__io_file(struct weft__shard *sh, const struct weft__fileop *op,
                   struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_file(io, op, h) : -EAGAIN;
+  return io ? queued(sh, weft__uring_file(io, op, h), WEFT_OP_FILE, op->fd)
+            : -EAGAIN;
 }
 
 int weft__io_send(struct weft__shard *sh, int fd, struct msghdr *msg,
                   struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_send(io, fd, msg, h) : -EAGAIN;
+  return io ? queued(sh, weft__uring_send(io, fd, msg, h), WEFT_OP_SEND, fd)
+            : -EAGAIN;
 }
 
 int weft__io_connect(struct weft__shard *sh, int fd,
                      const struct sockaddr *addr, unsigned addrlen,
                      struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_connect(io, fd, addr, addrlen, h) : -EAGAIN;
+  return io ? queued(sh, weft__uring_connect(io, fd, addr, addrlen, h),
+                     WEFT_OP_CONNECT, fd)
+            : -EAGAIN;
 }
 
 int weft__io_poll_fd(struct weft__shard *sh, int fd, unsigned events,
                      struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_poll_fd(io, fd, events, h) : -EAGAIN;
+  return io ? queued(sh, weft__uring_poll_fd(io, fd, events, h), WEFT_OP_POLL,
+                     fd)
+            : -EAGAIN;
 }
 
 int weft__io_accept(struct weft__shard *sh, int fd, int flags,
                     struct weft__ioh *h, struct weft__io_hold *hold) {
   struct weft__io *io = ring_io(sh);
-  return io ? weft__uring_accept(io, fd, flags, h, hold) : -EAGAIN;
+  return io ? queued(sh, weft__uring_accept(io, fd, flags, h, hold),
+                     WEFT_OP_ACCEPT, fd)
+            : -EAGAIN;
 }
 
 int weft__io_cancel(struct weft__shard *sh, struct weft__ioh *h, unsigned op,

@@ -93,6 +93,7 @@ static void dispatch_one(struct weft__io *io, uint64_t data, uint32_t events) {
   /* Not h->done: the handle's memory may belong to a socket made since
    * (a stale event), which the generation check against its event word
    * must rule out before anything else of it is read. */
+  weft__trace(WEFT_EV_COMPLETE, io->sh->idx, WEFT_TRACE_OP_READY, c.events);
   weft__sock_ready(io->sh, weft__sock_of(h), &c);
 }
 

@@ -314,6 +314,7 @@ static void complete(struct weft__io *io, uint64_t ud,
              (cqe->flags & IORING_CQE_F_SOCK_NONEMPTY)) {
     c.flags |= WEFT_CQE_NONEMPTY;
   }
+  weft__trace(WEFT_EV_COMPLETE, io->sh->idx, op, (uint64_t)(int64_t)c.res);
   h->done(h, io->sh, op, &c);
 }
 

@@ -1,9 +1,10 @@
 /*
  * metrics.c - the runtime's counters as text for other programs
  * (weft_rt_metrics): JSON, and Prometheus's text exposition format
- * (version 0.0.4). Owns nothing: it reads weft_rt_stats and
- * weft_rt_shard_stats and formats them, with snprintf's contract (the
- * length the whole text needs is returned, whatever fits is written).
+ * (version 0.0.4). Owns nothing: it reads weft_rt_stats,
+ * weft_rt_shard_stats and weft_rt_histogram and formats them, with snprintf's
+ * contract (the length the whole text needs is returned, whatever fits is
+ * written).
  *
  * Every figure is described once, in the tables below, which both
  * formats walk, so the two never disagree on a name or a meaning.
@@ -120,6 +121,57 @@ static uint64_t rt_field(const weft_stats *s, unsigned i) {
   return v;
 }
 
+/* The latency histograms (weft_rt_histogram, the whole runtime's), as
+ * count, sum, maximum and quantiles: a Prometheus summary each. */
+static const char *const HIST[WEFT_HIST_KINDS] = {
+    [WEFT_HIST_SCHED_DELAY] = "sched_delay", [WEFT_HIST_TURN] = "turn",
+    [WEFT_HIST_TIMER_LATE] = "timer_late",   [WEFT_HIST_IO_DELAY] = "io_delay",
+    [WEFT_HIST_POOL_WAIT] = "pool_wait",
+};
+static const char *const HIST_HELP[WEFT_HIST_KINDS] = {
+    [WEFT_HIST_SCHED_DELAY] = "From runnable (posted, or requeued) to running.",
+    [WEFT_HIST_TURN] = "Run time of a run-queue item (a strand's turn).",
+    [WEFT_HIST_TIMER_LATE] = "From a timer's deadline to its firing.",
+    [WEFT_HIST_IO_DELAY] = "From a socket's event to its callback.",
+    [WEFT_HIST_POOL_WAIT] = "A blocking job's wait for a pool thread.",
+};
+static const double QUANTILES[] = {0.5, 0.9, 0.99, 0.999};
+#define NQ (sizeof(QUANTILES) / sizeof(QUANTILES[0]))
+
+static void json_hist(struct out *o, const weft_histogram *h) {
+  put(o, ",\"latency\":{");
+  for (unsigned k = 0; k < WEFT_HIST_KINDS; k++) {
+    put(o, "%s\"%s\":{\"count\":%llu,\"sum_ns\":%llu,\"max_ns\":%llu",
+        k ? "," : "", HIST[k], (unsigned long long)h[k].count,
+        (unsigned long long)h[k].sum_ns, (unsigned long long)h[k].max_ns);
+    for (unsigned q = 0; q < NQ; q++)
+      put(o, ",\"p%g_ns\":%llu", QUANTILES[q] * 100,
+          (unsigned long long)weft_histogram_percentile(&h[k], QUANTILES[q]));
+    put(o, "}");
+  }
+  put(o, "}");
+}
+
+static void put_seconds(struct out *o, uint64_t ns) {
+  put(o, "%llu.%09llu\n", (unsigned long long)(ns / 1000000000u),
+      (unsigned long long)(ns % 1000000000u));
+}
+
+static void prometheus_hist(struct out *o, const weft_histogram *h) {
+  for (unsigned k = 0; k < WEFT_HIST_KINDS; k++) {
+    put(o, "# HELP weft_%s_seconds %s\n# TYPE weft_%s_seconds summary\n",
+        HIST[k], HIST_HELP[k], HIST[k]);
+    for (unsigned q = 0; q < NQ; q++) {
+      put(o, "weft_%s_seconds{quantile=\"%g\"} ", HIST[k], QUANTILES[q]);
+      put_seconds(o, weft_histogram_percentile(&h[k], QUANTILES[q]));
+    }
+    put(o, "weft_%s_seconds_sum ", HIST[k]);
+    put_seconds(o, h[k].sum_ns);
+    put(o, "weft_%s_seconds_count %llu\n", HIST[k],
+        (unsigned long long)h[k].count);
+  }
+}
+
 static void json_shard(struct out *o, const weft_shard_stats *s) {
   for (unsigned i = 0; i < NSHARD; i++)
     put(o, "%s\"%s\":%llu", i ? "," : "{", SHARD[i].name,
@@ -128,7 +180,7 @@ static void json_shard(struct out *o, const weft_shard_stats *s) {
 }
 
 static void json(struct out *o, const weft_stats *st,
-                 const weft_shard_stats *sh) {
+                 const weft_shard_stats *sh, const weft_histogram *h) {
   put(o, "{");
   for (unsigned i = 0; i < NRT; i++)
     put(o, "\"%s\":%llu,", RT[i].name, (unsigned long long)rt_field(st, i));
@@ -139,11 +191,13 @@ static void json(struct out *o, const weft_stats *st,
     put(o, k ? "," : "");
     json_shard(o, &sh[k]);
   }
-  put(o, "]}\n");
+  put(o, "]");
+  json_hist(o, h);
+  put(o, "}\n");
 }
 
 static void prometheus(struct out *o, const weft_stats *st,
-                       const weft_shard_stats *sh) {
+                       const weft_shard_stats *sh, const weft_histogram *h) {
   for (unsigned i = 0; i < NSHARD; i++) {
     put(o, "# HELP weft_%s_total %s\n# TYPE weft_%s_total counter\n",
         SHARD[i].name, SHARD[i].help, SHARD[i].name);
@@ -177,6 +231,7 @@ static void prometheus(struct out *o, const weft_stats *st,
     else
       put(o, "weft_%s%s %llu\n", name, suffix, (unsigned long long)v);
   }
+  prometheus_hist(o, h);
 }
 
 long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len) {
@@ -190,15 +245,21 @@ long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len) {
   weft_shard_stats *sh = calloc(st.shards ? st.shards : 1, sizeof(*sh));
   if (!sh)
     return -ENOMEM;
+  weft_histogram *h = malloc(WEFT_HIST_KINDS * sizeof(*h));
+  if (!h)
+    r = -ENOMEM;
   for (unsigned k = 0; k < st.shards && !r; k++)
     r = weft_rt_shard_stats(rt, k, &sh[k]);
+  for (int k = 0; k < WEFT_HIST_KINDS && !r; k++)
+    r = weft_rt_histogram(rt, k, -1, &h[k]);
   struct out o = {buf, len, 0};
   if (len)
     buf[0] = '\0';
   if (!r && format == WEFT_METRICS_JSON)
-    json(&o, &st, sh);
+    json(&o, &st, sh, h);
   else if (!r)
-    prometheus(&o, &st, sh);
+    prometheus(&o, &st, sh, h);
+  free(h);
   free(sh);
   return r ? r : (long)o.n;
 }

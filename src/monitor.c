@@ -51,6 +51,7 @@
  */
 #include "monitor.h"
 
+#include "backtrace.h"
 #include "clock.h"
 #include "futex.h"
 #include "log.h"
@@ -88,7 +89,13 @@ struct weft__monitor {
   uint64_t stamp_rate_max; /* handlers a second (stamp_mode) */
   uint64_t *cpu_mark, *cpu_at; /* the stuck thread's CPU time, and when */
   uint64_t last_print_ns, suppressed;
+  uint64_t last_bt_ns; /* the last backtrace's report (take_bt); 0: none */
+  uint64_t dump_at;    /* when to dump the recorder after a stall; 0: never */
 };
+
+/* Stall thresholds from a stall's report to the recorder's dump, so that
+ * the dump shows the other strands moving on after the handoff. */
+#define STALL_DUMP_DELAY 2
 
 bool weft__membarrier_register(void) {
   long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
@@ -266,6 +273,7 @@ static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
     }
   }
   /* Committed: T will not touch sh again. */
+  weft__trace(WEFT_EV_HANDOFF, sh->idx, t->idx, sp->idx);
   sp->shard = sh;
   sp->searching = false;
   weft__store(&sh->owner, sp, WA_REL);
@@ -288,9 +296,34 @@ static bool stuck_in(struct weft__thread *t, uint64_t hs, weft_stall *st) {
   return (weft__load(&t->hstate, WA_ACQ) >> 2) == (hs >> 2);
 }
 
+static char thread_state(int tid);
+
+/* What the stuck thread t is doing (backtrace.c): its backtrace if it
+ * computes, its system call if it is blocked; at most once a second, as
+ * each costs the thread a signal and the monitor up to 20 ms of waiting.
+ * It runs in the epoch of hs still: stuck_in saw it, and the handler of
+ * the signal checks again. */
+static void take_bt(weft_rt *rt, struct weft__monitor *m,
+                    struct weft__thread *t, uint64_t hs, uint64_t now,
+                    struct weft__bt *bt) {
+  int tid = weft__load(&t->kernel_tid, WA_ACQ);
+  if (!tid || (m->last_bt_ns && now - m->last_bt_ns < 1000000000u))
+    return;
+  m->last_bt_ns = now;
+  weft__backtrace_take(rt, t, hs, thread_state(tid), bt);
+}
+
+/* The stall line, then the frames (one line each, as weft_log_fn takes
+ * one line a call): at most one report a second is printed, and frames
+ * only with a printed line. on_stall gets every stall, with frames when
+ * take_bt took them. */
 static void report(weft_rt *rt, struct weft__monitor *m, weft_stall st,
-                   uint64_t now) {
+                   struct weft__thread *t, uint64_t hs, uint64_t now) {
+  struct weft__bt bt = {.frames = NULL, .why = ""};
   if (rt->mon.on_stall) {
+    take_bt(rt, m, t, hs, now, &bt);
+    st.frames = bt.frames;
+    st.nframes = bt.nframes;
     rt->mon.on_stall(&st, rt->mon.on_stall_ctx);
     return;
   }
@@ -298,17 +331,19 @@ static void report(weft_rt *rt, struct weft__monitor *m, weft_stall st,
     m->suppressed++;
     return;
   }
+  take_bt(rt, m, t, hs, now, &bt);
   char name[256], more[64] = "";
   if (m->suppressed)
     snprintf(more, sizeof(more), " (%llu more stalls not shown)",
              (unsigned long long)m->suppressed);
   weft__log(rt, WEFT_LOG_WARN,
-            "stall: %s on strand %p has run %.1f ms on shard %u; %s%s",
+            "stall: %s on strand %p has run %.1f ms on shard %u; %s%s%s",
             weft__addr_name(st.handler, name, sizeof(name)), (void *)st.strand,
             st.running_ns / 1e6, st.shard,
             st.handed_off ? "its shard moved to another thread"
                           : "no thread to move its shard to",
-            more);
+            more, bt.why);
+  weft__backtrace_log(rt, &bt);
   m->last_print_ns = now;
   m->suppressed = 0;
 }
@@ -518,8 +553,12 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
     if (!m->reported[i]) {
       m->reported[i] = true;
       weft__stat_add(&sh->st.stalls, 1);
+      weft__trace(WEFT_EV_STALL, i, (uintptr_t)st.handler,
+                  (uintptr_t)st.strand);
+      if (weft__trace_stall_dumps(rt) && !m->dump_at)
+        m->dump_at = now + STALL_DUMP_DELAY * rt->mon.stall_ns;
       st.handed_off = r > 0;
-      report(rt, m, st, now);
+      report(rt, m, st, t, hs, now);
     }
   }
   stamp_mode(rt, m, busiest, now);
@@ -553,8 +592,14 @@ static void *monitor_main(void *arg) {
    * the wakeup with others and delays a tick by at most that. */
   prctl(PR_SET_TIMERSLACK,
         (unsigned long)(m->tick_ns / 10 ? m->tick_ns / 10 : 1), 0, 0, 0);
+  weft__trace_attach(rt, WEFT_RING_MONITOR, 0);
   while (!weft__load(&m->stop, WA_ACQ)) {
     uint64_t now = weft__now_ns();
+    if (m->dump_at && now >= m->dump_at) {
+      m->dump_at = 0;
+      weft__trace_stall_dump(rt);
+      continue;
+    }
     bool idle = runtime_idle(rt);
     if (!idle || !idle_since)
       idle_since = idle ? now : 0;
@@ -572,10 +617,12 @@ static void *monitor_main(void *arg) {
       next = weft__now_ns(); /* look at once */
       continue;
     }
-    weft__futex_wait_until(&m->wake, 0, next);
+    weft__futex_wait_until(&m->wake, 0,
+                           m->dump_at ? min_u64(next, m->dump_at) : next);
     weft__store(&m->wake, 0, WA_RLX);
     next = scan(rt, m, weft__now_ns());
   }
+  weft__trace_detach();
   return NULL;
 }
 

@@ -118,6 +118,13 @@ void weft__idle_destroy(struct weft__idle *idle) {
 
 /* Wakes a thread popped from the sleepers. */
 static void wake_thread(weft_rt *rt, struct weft__thread *t) {
+  if (weft__tracing()) {
+    struct weft__thread *me = weft__self();
+    weft__trace(WEFT_EV_WAKE,
+                me && me->shard ? weft__shard_idx(me->shard)
+                                : WEFT_TRACE_NO_SHARD,
+                t->idx, 0);
+  }
   if (weft__load(&t->dormant, WA_ACQ))
     wake_dormant(rt, t, 1, 0, false);
   else

@@ -25,6 +25,7 @@
  */
 #include "rt.h"
 
+#include "backtrace.h"
 #include "blocking.h"
 #include "clock.h"
 #include "io.h"
@@ -153,6 +154,7 @@ static void rt_free(weft_rt *rt) {
   pthread_attr_destroy(&rt->th.attr);
   pthread_attr_destroy(&rt->th.lazy_attr);
   free(rt->th.spares);
+  weft__trace_free(rt);
   free(rt);
 }
 
@@ -183,14 +185,18 @@ static int config_copy(const weft_config *in, size_t size, weft_config *out) {
 
 /* Checks cfg and resolves its zeros. */
 static int resolve(weft_config *out) {
-  if ((out->flags & ~(WEFT_CONFIG_NO_MONITOR | WEFT_CONFIG_NO_TIMER_SPIN)) ||
-      out->workers > WEFT_MAX_WORKERS || out->batch > WEFT_MAX_BATCH ||
+  if ((out->flags & ~(WEFT_CONFIG_NO_MONITOR | WEFT_CONFIG_NO_TIMER_SPIN |
+                      WEFT_CONFIG_NO_TRACE)) ||
+      (out->trace_bytes && out->trace_bytes < 4096) ||
+      out->trace_bytes > ((size_t)1 << 34) || out->workers > WEFT_MAX_WORKERS ||
+      out->batch > WEFT_MAX_BATCH ||
       (out->stall_threshold_ns && out->stall_threshold_ns < MIN_STALL_NS) ||
       (out->max_threads && out->max_threads < out->workers) ||
       out->max_threads > 4 * WEFT_MAX_WORKERS || out->backend < 0 ||
       (out->stack_size && out->stack_size < MIN_STACK_SIZE) ||
       out->stack_size > ((size_t)1 << 40) || out->backend > WEFT_BACKEND_NONE ||
-      out->log_level < 0 || out->log_level > WEFT_LOG_DEBUG)
+      out->log_level < 0 || out->log_level > WEFT_LOG_DEBUG ||
+      weft__backtrace_resolve(&out->stall_signal))
     return -EINVAL;
   if (!out->workers)
     out->workers = cpus_allowed();
@@ -310,6 +316,10 @@ static void lazy_attr_init(weft_rt *rt) {
 }
 
 static int rt_init(weft_rt *rt, const weft_config *c) {
+  weft__hist_calibrate();          /* before the recorder reads ticks */
+  int r = weft__trace_init(rt, c); /* first: rt_free destroys its lock */
+  if (r)
+    return r;
   rt->nshards = c->workers;
   rt->batch = c->batch;
   rt->tm.slack_ns = c->timer_slack_ns;
@@ -335,7 +345,7 @@ static int rt_init(weft_rt *rt, const weft_config *c) {
   pthread_mutex_init(&rt->th.spare_lock, NULL);
   pthread_mutex_init(&rt->io.lock, NULL);
   weft__idle_init(&rt->idle, c->eager_workers);
-  int r = weft__idle_alloc(&rt->idle, c->workers);
+  r = weft__idle_alloc(&rt->idle, c->workers);
   if (r)
     return r;
   weft__tcp_init(rt);
@@ -412,8 +422,12 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
    * process running, registering costs an RCU grace period, tens of
    * milliseconds (docs/cases.md, "Glommio's first sleep"). A process that
    * has threads already pays it here, in create, once. */
-  if (!(c.flags & WEFT_CONFIG_NO_MONITOR))
+  if (!(c.flags & WEFT_CONFIG_NO_MONITOR)) {
     rt->mon.membarrier_ok = weft__membarrier_register();
+    /* Before the first thread too: each unblocks the signal at its start,
+     * and it must find weft's handler there. */
+    weft__backtrace_install(rt, c.stall_signal);
+  }
   /* Rings or epoll sets, eventfds: before any thread can sleep in them. */
   r = weft__io_init(rt, c.backend);
   if (!r)

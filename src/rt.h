@@ -8,10 +8,12 @@
 #define WEFT_RT_H
 
 #include "core.h"
+#include "hist.h"
 #include "log.h"
 #include "park.h"
 #include "pool.h"
 #include "runq.h"
+#include "trace.h"
 
 #include <pthread.h>
 
@@ -49,6 +51,7 @@ struct weft_rt {
     uint64_t stall_ns;
     weft_stall_fn on_stall;
     void *on_stall_ctx;
+    int bt_sig; /* the stall signal, with weft's handler; 0: none */
     struct weft__monitor *m;
   } mon;
   struct weft__log log;
@@ -106,7 +109,10 @@ struct weft_rt {
     _Atomic uint64_t strands_created, strands_freed;
     _Atomic uint64_t handlers_run, handlers_cancelled; /* after a handoff */
     _Atomic uint64_t timers_fired;
+    struct weft__hist hist[WEFT_HIST_KINDS]; /* any thread (hist.h) */
   } outside;
+
+  struct weft__trace trace; /* the flight recorder (trace.c) */
 
   struct weft__blocking *blocking;
   struct weft__blocking *resolver; /* weft_resolve's pool (resolve.c) */

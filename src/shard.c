@@ -15,6 +15,7 @@
  */
 #include "shard.h"
 
+#include "backtrace.h"
 #include "io.h"
 #include "monitor.h"
 #include "park.h"
@@ -106,6 +107,7 @@ static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
       it = weft__runq_steal(&v->rq, &sh->rq, &got);
     if (it) {
       weft__stat_add(&sh->st.steals, got);
+      weft__trace(WEFT_EV_STEAL, sh->idx, v->idx, got);
       return it;
     }
   }
@@ -125,6 +127,8 @@ void weft__take_from_stuck(struct weft__shard *sh, struct weft__shard *v) {
            (it = weft__runq_steal(&v->rq, &sh->rq, &got)))
     weft__runq_push(&sh->rq, it);
   weft__stat_add(&sh->st.steals, got);
+  if (got)
+    weft__trace(WEFT_EV_STEAL, sh->idx, v->idx, got);
 }
 
 static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
@@ -146,6 +150,8 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
     return it;
   return take_inject(rt, sh);
 }
+
+unsigned weft__shard_idx(const struct weft__shard *sh) { return sh->idx; }
 
 static void run_item(struct weft__shard *sh, weft__item it) {
   if (it & WEFT_ITEM_NODE)
@@ -200,9 +206,12 @@ static void main_loop(struct weft__thread *t) {
         it = steal(rt, sh);
       if (!it) {
         weft__stat_add(&sh->st.parks, 1);
+        weft__trace(WEFT_EV_PARK, sh->idx, 0, 0);
         if (!weft__park(rt, t))
           return;
         weft__stat_add(&sh->st.wakeups, 1);
+        weft__trace(WEFT_EV_UNPARK,
+                    t->shard ? t->shard->idx : WEFT_TRACE_NO_SHARD, 0, 0);
         /* Shards whose thread could not be started have nobody else to
          * fire their timers (park.c, orphans_next). */
         if (weft__load(&rt->th.start_failed, WA_RLX))
@@ -222,6 +231,8 @@ void *weft__thread_entry(void *arg) {
   struct weft__thread *t = arg;
   weft_rt *rt = t->rt;
   weft__set_self(t);
+  weft__backtrace_thread_init(rt); /* the stall signal: after set_self */
+  weft__trace_attach(rt, WEFT_RING_WORKER, t->idx);
   t->cpu_clock_ok = pthread_getcpuclockid(pthread_self(), &t->cpu_clock) == 0;
   weft__store(&t->kernel_tid, (int)syscall(SYS_gettid), WA_REL);
   /* Sleeps end at their deadline, not up to 50 us later (weft.h). */
@@ -238,6 +249,7 @@ void *weft__thread_entry(void *arg) {
   }
   if (run)
     main_loop(t);
+  weft__trace_detach();
   weft__set_self(NULL);
   return NULL;
 }

@@ -8,6 +8,7 @@
 #define WEFT_SHARD_H
 
 #include "clock.h"
+#include "hist.h"
 #include "pool.h"
 #include "rt.h"
 #include "runq.h"
@@ -65,6 +66,8 @@ struct weft__shard {
   bool yield_turn;
   struct weft__timers tm;
   struct weft__shard_counters st;
+  /* latency histograms, written by the owner (hist.h) */
+  struct weft__hist hist[WEFT_HIST_KINDS];
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
   _Atomic(struct weft__io *) io;
   struct weft__sock_reg socks;

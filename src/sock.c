@@ -30,6 +30,8 @@ void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
   }
   if (cur & EV_QUEUED)
     return;
+  /* Read by sock_run (WEFT_HIST_IO_DELAY): the post orders it before. */
+  s->node[s->post_idx].queued = weft__ticks();
   weft__node_post(s->rt, local, s->strand, &s->node[s->post_idx], false);
 }
 
@@ -72,7 +74,19 @@ unsigned weft__sock_home(weft_rt *rt) {
   return home % rt->nshards;
 }
 
+/* From the event that queued a socket's node to its run. */
+static void io_delay(weft_rt *rt, uint64_t queued) {
+  uint64_t ns = weft__span_ns(queued, weft__ticks());
+  struct weft__shard *sh = weft__local_begin(rt);
+  if (sh)
+    weft__hist_add(&sh->hist[WEFT_HIST_IO_DELAY], ns);
+  else
+    weft__hist_add_shared(&rt->outside.hist[WEFT_HIST_IO_DELAY], ns);
+  weft__local_end(sh);
+}
+
 static void sock_run(struct weft__sock *s, unsigned idx) {
+  io_delay(s->rt, s->node[idx].queued);
   s->post_idx = idx ^ 1;
   uint32_t bits = (uint32_t)weft__fetch_and(&s->ev, ~EV_LOW, WA_AR);
   if (s->state == ST_DONE) {

@@ -45,6 +45,8 @@
  */
 #include "strand.h"
 
+#include "trace.h"
+
 #include "clock.h"
 #include "rt.h"
 #include "shard.h"
@@ -210,6 +212,7 @@ static void strand_push(weft_strand *s, struct weft__shard *local,
   if (prev == 0) {
     s->head = n;
     s->ran = NULL;
+    n->queued = weft__ticks();
     if (prio)
       weft__schedule_prio(s->rt, local, (weft__item)s);
     else
@@ -234,9 +237,12 @@ struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
 
 void weft__node_post(weft_rt *rt, struct weft__shard *local, weft_strand *s,
                      struct weft__node *n, bool prio) {
-  if (s)
+  if (s) {
     strand_push(s, local, n, prio);
-  else if (prio)
+    return;
+  }
+  n->queued = weft__ticks();
+  if (prio)
     weft__schedule_prio(rt, local, (weft__item)n | WEFT_ITEM_NODE);
   else
     weft__schedule(rt, local, (weft__item)n | WEFT_ITEM_NODE);
@@ -323,12 +329,44 @@ static void count(weft_rt *rt, struct weft__shard *sh, int ran) {
   weft__busy_drop(rt, 1); /* counted by the handoff (monitor.c) */
 }
 
+/* An item begins: its scheduling delay, and the recorder's event. */
+static uint64_t item_begin(struct weft__shard *sh, struct weft__node *n,
+                           weft_strand *s) {
+  uint64_t t0 = weft__ticks();
+  if (n)
+    weft__hist_add(&sh->hist[WEFT_HIST_SCHED_DELAY],
+                   weft__span_ns(n->queued, t0));
+  weft__trace_at(t0, WEFT_EV_RUN, sh->idx, (uintptr_t)(n ? n->fn : NULL),
+                 (uintptr_t)s);
+  return t0;
+}
+
+/* An item ended, at t1 (0: now): its run time, on the shard if this
+ * thread still holds it (sh), else on the runtime; the recorder's event
+ * names the function weft called last (a trampoline names the user's). */
+static void item_end(weft_rt *rt, struct weft__shard *sh, unsigned idx,
+                     uint64_t t0, uint64_t t1, unsigned handlers) {
+  struct weft__thread *self = weft__self();
+  if (!t1)
+    t1 = weft__ticks();
+  uint64_t ns = weft__span_ns(t0, t1);
+  if (sh)
+    weft__hist_add(&sh->hist[WEFT_HIST_TURN], ns);
+  else
+    weft__hist_add_shared(&rt->outside.hist[WEFT_HIST_TURN], ns);
+  weft__trace_at(t1, WEFT_EV_END, idx,
+                 (uintptr_t)weft__load(&self->cur_fn, WA_RLX), handlers);
+}
+
 void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   weft_rt *rt = sh->rt;
+  unsigned idx = sh->idx;
   struct weft__thread *self = weft__self();
+  uint64_t t0 = item_begin(sh, n, NULL);
   weft__handler_enter(self, (void *)n->fn, NULL);
   int ran = invoke(rt, n);
   sh = weft__handler_leave(self);
+  item_end(rt, sh, idx, t0, 0, 1);
   node_free(rt, node_cache(sh), n);
   count(rt, sh, ran);
 }
@@ -357,10 +395,13 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   struct weft__thread *self = weft__self();
   unsigned budget = rt->batch;
   struct weft__node *n = s->head;
+  unsigned idx = sh->idx, handlers = 0;
+  uint64_t t0 = item_begin(sh, n, s), t1 = 0;
   if (!n) {
     /* Resuming after a cut link: s->ran ran, its successor is pending. */
     n = wait_link(s->ran);
     if (!n) {
+      item_end(rt, sh, idx, t0, 0, 0);
       sched_yield();
       weft__schedule(rt, sh, (weft__item)s);
       return;
@@ -378,6 +419,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     /* NULL: the monitor handed our shard to another thread while this
      * handler ran; from here on this thread is outside the runtime. */
     sh = weft__handler_leave(self);
+    handlers++;
     if (sh)
       count(rt, sh, ran);
     else
@@ -419,10 +461,12 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       /* Budget spent (requeue at the back), or shard lost (the strand
        * goes to the inject queue for a thread that holds one). */
       s->head = n;
+      n->queued = t1 = weft__ticks();
       weft__schedule(rt, sh, (weft__item)s);
       break;
     }
   }
+  item_end(rt, sh, idx, t0, t1, handlers);
   weft__set_current_strand(NULL);
   if (lost_ran >= 0)
     count(rt, NULL, lost_ran);

@@ -11,7 +11,7 @@
 
 #include <errno.h>
 
-/* A handler node: 40 bytes, carved 64 apart (pool.c). In a strand's queue
+/* A handler node: 48 bytes, carved 64 apart (pool.c). In a strand's queue
  * `link.next` holds the next node (untagged); in the inject queue it holds
  * the next item (tagged). An embedded node lives inside another object (a
  * socket, sock.c) and is not returned to the pool after it ran. */
@@ -21,6 +21,11 @@ struct weft__node {
   weft_fn cancel;
   void *arg;
   uint32_t embedded;
+  /* When it became runnable (weft__ticks), for WEFT_HIST_SCHED_DELAY: set
+   * on a node without strand when it is posted, and on the node at the
+   * head of a strand's queue when the strand is scheduled (strand.c);
+   * meaningless elsewhere. */
+  uint64_t queued;
 };
 
 #define WEFT_STRAND_MAGIC 0x57465354u /* "WFST" */

@@ -10,6 +10,7 @@
 #define WEFT_THREAD_H
 
 #include "core.h"
+#include "trace.h"
 
 #include <pthread.h>
 #include <time.h>
@@ -20,6 +21,9 @@
 #define WEFT_HS_IN 1u       /* inside a handler: the shard may be taken */
 #define WEFT_HS_BUSY 2u     /* inside a handler, using its shard (a post) */
 #define WEFT_HSTART_LATE 1u /* no clock reads 1 */
+
+/* Most frames a stall's backtrace holds, its signal handler's included. */
+#define WEFT_BT_FRAMES 32
 
 /* A slot is DORMANT while its shard's thread has not been started yet
  * (weft_config.eager_workers; park.c's wake_dormant starts it). */
@@ -64,6 +68,15 @@ struct weft__thread {
   /* 1 while slot_state is DORMANT: a lock-free hint for wakers, cleared
    * (release, under spare_lock) once the thread is created */
   _Atomic uint32_t dormant;
+  /* A stall's backtrace (backtrace.c has the protocol): the monitor stores
+   * the epoch and then a request number; the thread's signal handler
+   * writes the frames, then bt_done = that number (release; a futex
+   * word). Last in the slot: no handler's path touches them. */
+  _Atomic uint64_t bt_epoch;
+  _Atomic uint32_t bt_req;
+  _Atomic uint32_t bt_done;
+  unsigned bt_first, bt_n; /* bt_frames[bt_first..bt_n) are the stack's */
+  void *bt_frames[WEFT_BT_FRAMES];
 } WEFT_ALIGNED;
 
 /* Stores of hstate and loads of taken: a release store and a relaxed load
@@ -103,12 +116,16 @@ static inline void weft__calling(void *fn) {
 }
 void weft__set_current_strand(weft_strand *s);
 
+/* A shard's index, from code that cannot see struct weft__shard. */
+unsigned weft__shard_idx(const struct weft__shard *sh);
+
 /* The calling thread acknowledges that the monitor took its shard: true if
  * it did (the thread then holds no shard). */
 static inline bool weft__lost(struct weft__thread *t) {
   uint32_t one = 1;
   if (!weft__cas(&t->taken, &one, 2, WA_AR, WA_ACQ))
     return false;
+  weft__trace(WEFT_EV_LOST, weft__shard_idx(t->shard), 0, 0);
   t->shard = NULL;
   return true;
 }

@@ -237,8 +237,22 @@ _Static_assert(_Alignof(weft_strand) > WEFT_T_OWNER_BITS &&
 
 /* Fires t (out of the wheel) from `local`; lock held. On allocation
  * failure the firing is not lost: t is re-armed 1 ms later. */
+/* A firing's lateness: now_ns (0: unknown, it is read) past its deadline. */
+static void late(weft_timer *t, struct weft__shard *local, uint64_t now_ns) {
+  if (!now_ns)
+    now_ns = weft__now_ns();
+  uint64_t ns = now_ns > t->deadline ? now_ns - t->deadline : 0;
+  if (local)
+    weft__hist_add(&local->hist[WEFT_HIST_TIMER_LATE], ns);
+  else
+    weft__hist_add_shared(&rt_of(t)->outside.hist[WEFT_HIST_TIMER_LATE], ns);
+  weft__trace(WEFT_EV_TIMER, local ? local->idx : WEFT_TRACE_NO_SHARD,
+              (uintptr_t)t->fn, ns);
+}
+
 static void fire_locked(weft_timer *t, struct weft__shard *home,
-                        struct weft__shard *local, bool cancel) {
+                        struct weft__shard *local, bool cancel,
+                        uint64_t now_ns) {
   weft_rt *rt = home->rt;
   struct weft__pool_cache *nc = local ? &local->cache.node : NULL;
   struct firing *f = weft__pool_alloc(&rt->node_pool, nc);
@@ -266,6 +280,7 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
   weft__node_post(rt, local, timer_strand(t), n, true);
   if (cancel)
     return;
+  late(t, local, now_ns);
   if (local)
     weft__stat_add(&local->st.timers_fired, 1);
   else
@@ -277,7 +292,8 @@ static void fire_locked(weft_timer *t, struct weft__shard *home,
  * level is cascaded whole, even its timers due now, which then land in a
  * level-0 slot in order. */
 static void fire_due_locked(struct weft__shard *home, struct weft__shard *local,
-                            uint64_t now_tick) {
+                            uint64_t now_ns) {
+  uint64_t now_tick = now_ns >> WEFT_TICK_SHIFT;
   struct weft__wheel *w = &home->tm.wheel;
   uint64_t tick;
   unsigned l, s;
@@ -288,7 +304,7 @@ static void fire_due_locked(struct weft__shard *home, struct weft__shard *local,
       weft_timer *t = (weft_timer *)head->next;
       wheel_remove(w, t);
       if (l == 0)
-        fire_locked(t, home, local, false);
+        fire_locked(t, home, local, false, now_ns);
       else
         wheel_insert(w, t);
     }
@@ -308,7 +324,7 @@ bool weft__timers_fire_due(struct weft__shard *home, struct weft__shard *local,
   bool quiet = local && !local->quiet;
   if (quiet)
     local->quiet = true;
-  fire_due_locked(home, local, now_ns >> WEFT_TICK_SHIFT);
+  fire_due_locked(home, local, now_ns);
   publish_next(home);
   weft__unlock(&home->tm.lock);
   if (quiet) {
@@ -410,7 +426,7 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
   t->arg = arg;
   t->missed = 0;
   if (tick_ceil(deadline_ns) <= home->tm.wheel.elapsed) {
-    fire_locked(t, home, local, false);
+    fire_locked(t, home, local, false, now);
   } else {
     t->state = WEFT_T_ARMED;
     wheel_insert(&home->tm.wheel, t);
@@ -607,7 +623,7 @@ void weft__timers_flush(weft_rt *rt) {
         unsigned s = (unsigned)__builtin_ctzll(w->occupied[l]);
         weft_timer *t = (weft_timer *)w->slot[l][s].next;
         wheel_remove(w, t);
-        fire_locked(t, sh, local, true);
+        fire_locked(t, sh, local, true, 0);
         if (t->state == WEFT_T_ARMED) { /* out of memory: drop it */
           wheel_remove(w, t);
           t->state = WEFT_T_IDLE;

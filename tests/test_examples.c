@@ -530,6 +530,10 @@ static void xt_check_metrics(unsigned port) {
   assert_non_null(s1);
   assert_true(strtoull(s0 + 35, NULL, 10) + strtoull(s1 + 35, NULL, 10) > 0);
   assert_non_null(strstr(body, "# TYPE weft_tcp_live gauge\n"));
+  assert_non_null(strstr(body, "# TYPE weft_io_delay_seconds summary\n"));
+  const char *io = strstr(body, "weft_io_delay_seconds_count ");
+  assert_non_null(io); /* the requests' reads went through callbacks */
+  assert_true(strtoull(io + 28, NULL, 10) > 0);
   m = xt_connect(port);
   xt_send_str(m, "GET /other HTTP/1.1\r\n\r\n");
   got = xt_read_to_close(m);

@@ -72,6 +72,11 @@ static void check_json(const char *j) {
                  num_after(j, "\"handlers_run_after_handoff\":");
   assert_true(total >= N);
   assert_true(sum >= total); /* the shards were read after the total */
+  const char *lat = strstr(j, "\"latency\":{\"sched_delay\":{\"count\":");
+  assert_non_null(lat);
+  assert_true(num_after(lat, "\"count\":") >= 1); /* the strand's first */
+  assert_non_null(strstr(lat, "\"pool_wait\":{"));
+  assert_non_null(strstr(lat, "\"p99_ns\":"));
 }
 
 static void check_prometheus(const char *t) {
@@ -80,6 +85,7 @@ static void check_prometheus(const char *t) {
   uint64_t shard_runs = 0;
   unsigned shard_series = 0;
   bool busy = false, none_timers = false;
+  unsigned summaries = 0, quantiles = 0;
   const char *line = t;
   while (*line) {
     const char *end = strchr(line, '\n');
@@ -94,7 +100,10 @@ static void check_prometheus(const char *t) {
     if (!strncmp(l, "# HELP weft_", 11))
       continue;
     if (sscanf(l, "# TYPE %63s %15s", name, kind) == 2) {
-      assert_true(!strcmp(kind, "counter") || !strcmp(kind, "gauge"));
+      assert_true(!strcmp(kind, "counter") || !strcmp(kind, "gauge") ||
+                  !strcmp(kind, "summary"));
+      if (!strcmp(kind, "summary"))
+        summaries++;
       if (!strcmp(kind, "counter"))
         assert_non_null(strstr(name, "_total"));
       assert_true(ntyped < 64);
@@ -107,11 +116,20 @@ static void check_prometheus(const char *t) {
     memcpy(name, l, k);
     name[k] = '\0';
     assert_true(ntyped > 0);
-    assert_string_equal(typed[ntyped - 1], name); /* its # TYPE came first */
+    /* its # TYPE came first; a summary's _sum and _count belong to it */
+    size_t tl = strlen(typed[ntyped - 1]);
+    assert_true(!strncmp(typed[ntyped - 1], name, tl) &&
+                (!name[tl] || !strcmp(name + tl, "_sum") ||
+                 !strcmp(name + tl, "_count")));
     const char *v = l + k;
     unsigned shard = 0;
+    double q;
     bool labelled = *v == '{', none = !strncmp(v, "{shard=\"none\"}", 14);
-    if (labelled) {
+    if (labelled && sscanf(v, "{quantile=\"%lf\"}", &q) == 1) {
+      assert_true(q > 0 && q < 1);
+      quantiles++;
+      v = strchr(v, '}') + 1;
+    } else if (labelled) {
       assert_true(none || sscanf(v, "{shard=\"%u\"}", &shard) == 1);
       v = strchr(v, '}') + 1;
     }
@@ -134,6 +152,8 @@ static void check_prometheus(const char *t) {
   assert_true(none_timers);
   assert_null(strstr(t, "after_handoff")); /* as the shard="none" series */
   assert_true(busy);
+  assert_int_equal(summaries, WEFT_HIST_KINDS);
+  assert_int_equal(quantiles, 4 * WEFT_HIST_KINDS);
 }
 
 static void test_formats(void **state) {

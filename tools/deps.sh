@@ -4,7 +4,8 @@
 #   (none) or lib  the library: pkg-config, liburing-dev (plus a C compiler,
 #                  make and cmake, which are not checked here)
 #   test           the test suite (make test): cmocka; clang and its
-#                  sanitizer runtimes for the ASan+UBSan build
+#                  sanitizer runtimes for the ASan+UBSan build; python3
+#                  (test_trace runs tools/weft-trace)
 #   demo           make demo: g++ and Asio for the peer programs it compares
 #                  weft with
 #   bench          the above, libuv (peer), and what bench/net drives:
@@ -19,7 +20,7 @@ set -eu
 LIB_PKGS="pkg-config liburing-dev"
 # libclang-rt-dev holds clang's sanitizer runtimes: clang only recommends
 # it, and recommendations are not installed below.
-TEST_PKGS="libcmocka-dev clang libclang-rt-dev"
+TEST_PKGS="libcmocka-dev clang libclang-rt-dev python3"
 DEMO_PKGS="g++ libasio-dev"
 # bench/net: the load generator and two peer servers. bench/net runs its own
 # nginx and haproxy on free loopback ports with configs in a temporary
