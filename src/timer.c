@@ -235,9 +235,8 @@ _Static_assert(_Alignof(weft_strand) > WEFT_T_OWNER_BITS &&
                    _Alignof(struct weft__shard) > WEFT_T_OWNER_BITS,
                "owner's low bits are free");
 
-/* Fires t (out of the wheel) from `local`; lock held. On allocation
- * failure the firing is not lost: t is re-armed 1 ms later. */
-/* A firing's lateness: now_ns (0: unknown, it is read) past its deadline. */
+/* A firing's lateness: now_ns (0: unknown, it is read) past its deadline,
+ * into the firing thread's shard's histogram (or the runtime's). */
 static void late(weft_timer *t, struct weft__shard *local, uint64_t now_ns) {
   if (!now_ns)
     now_ns = weft__now_ns();
@@ -250,6 +249,9 @@ static void late(weft_timer *t, struct weft__shard *local, uint64_t now_ns) {
               (uintptr_t)t->fn, ns);
 }
 
+/* Fires t (out of the wheel) from `local`, at now_ns (0: unknown); lock
+ * held. On allocation failure the firing is not lost: t is re-armed 1 ms
+ * later. */
 static void fire_locked(weft_timer *t, struct weft__shard *home,
                         struct weft__shard *local, bool cancel,
                         uint64_t now_ns) {
