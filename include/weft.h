@@ -605,9 +605,14 @@ WEFT_API long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len);
  *  SCHED_DELAY  from a strand becoming runnable (a post to it while idle,
  *               or its turn requeued after `batch` handlers) or a handler
  *               without strand being posted, to its turn starting: Go's
- *               runnable-to-running latency.
+ *               runnable-to-running latency. Strands are sampled: one
+ *               post in 16 (per posting thread) that finds its strand
+ *               idle, and the requeues of timed turns (below); handlers
+ *               without strand all count.
  *  TURN         how long a run-queue item ran: a strand's turn (up to
- *               `batch` handlers) or a single handler.
+ *               `batch` handlers) or a single handler. Every item is
+ *               timed while the flight recorder is on, one in 16 per
+ *               thread while it is off.
  *  TIMER_LATE   how late a timer fired: from its deadline to its firing
  *               (the handler's own start is one SCHED_DELAY later).
  *  IO_DELAY     from a socket operation's completion reaped from the

@@ -26,6 +26,11 @@ static inline unsigned weft__hist_bucket(uint64_t v) {
   return i < WEFT_HISTOGRAM_BUCKETS ? i : WEFT_HISTOGRAM_BUCKETS - 1;
 }
 
+/* One in this many is measured where measuring every one would cost a
+ * hot path a tick read each (strand.c): a strand's scheduling delay, and
+ * a turn's run time while the recorder is off. */
+#define WEFT_HIST_SAMPLE 16u
+
 /* By the one thread that writes h (the holder of its shard): plain
  * read-modify-writes of atomics, so readers on other threads see each
  * word whole. A shard changes holder only through the handoff protocol

@@ -30,8 +30,7 @@ void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
   }
   if (cur & EV_QUEUED)
     return;
-  /* Read by sock_run (WEFT_HIST_IO_DELAY): the post orders it before. */
-  s->node[s->post_idx].queued = weft__ticks();
+  s->queued_at = weft__ticks(); /* the post orders it before sock_run */
   weft__node_post(s->rt, local, s->strand, &s->node[s->post_idx], false);
 }
 
@@ -86,7 +85,7 @@ static void io_delay(weft_rt *rt, uint64_t queued) {
 }
 
 static void sock_run(struct weft__sock *s, unsigned idx) {
-  io_delay(s->rt, s->node[idx].queued);
+  io_delay(s->rt, s->queued_at);
   s->post_idx = idx ^ 1;
   uint32_t bits = (uint32_t)weft__fetch_and(&s->ev, ~EV_LOW, WA_AR);
   if (s->state == ST_DONE) {

@@ -76,6 +76,10 @@ struct weft__sock {
   void (*run)(struct weft__sock *s, uint32_t bits);
   unsigned post_idx;
   uint32_t gen;
+  /* when the event that queued the socket's node came (weft__ticks), for
+   * WEFT_HIST_IO_DELAY: written before the post, read by the node's run
+   * (one node is queued at a time: EV_QUEUED) */
+  uint64_t queued_at;
   int fd;
   uint8_t kind, state;
   bool free_pending; /* freed once the queued node has run */

@@ -195,6 +195,16 @@ void weft__node_post_unhold(weft_rt *rt, struct weft__shard *local,
   weft__strand_unhold(s);
 }
 
+/* Posts that found their strand idle, on this thread: one in
+ * WEFT_HIST_SAMPLE stamps its node (a tick read each would cost a chain
+ * of posts to idle strands, the seed case's pattern, several per cent). */
+static _Thread_local uint32_t stamp_skip
+    __attribute__((tls_model("initial-exec")));
+
+static inline uint64_t sample_stamp(void) {
+  return ++stamp_skip % WEFT_HIST_SAMPLE ? 0 : weft__ticks();
+}
+
 static void strand_push(weft_strand *s, struct weft__shard *local,
                         struct weft__node *n, bool prio) {
 #ifdef WEFT_DEBUG
@@ -212,7 +222,7 @@ static void strand_push(weft_strand *s, struct weft__shard *local,
   if (prev == 0) {
     s->head = n;
     s->ran = NULL;
-    n->queued = weft__ticks();
+    n->queued = sample_stamp();
     if (prio)
       weft__schedule_prio(s->rt, local, (weft__item)s);
     else
@@ -329,11 +339,19 @@ static void count(weft_rt *rt, struct weft__shard *sh, int ran) {
   weft__busy_drop(rt, 1); /* counted by the handoff (monitor.c) */
 }
 
-/* An item begins: its scheduling delay, and the recorder's event. */
-static uint64_t item_begin(struct weft__shard *sh, struct weft__node *n,
-                           weft_strand *s) {
+/* An item begins: its scheduling delay if its node was stamped, and the
+ * recorder's event. Returns its start, or 0 if no tick was read; *timed:
+ * the item is one to time whole (every item while the recorder is on,
+ * one in WEFT_HIST_SAMPLE otherwise), and a requeue of it is stamped. A
+ * requeue stamped because its node was would time every later turn of a
+ * busy strand: sampling would end at its first sample. */
+static uint64_t item_begin(struct weft__thread *self, struct weft__shard *sh,
+                           struct weft__node *n, weft_strand *s, bool *timed) {
+  *timed = weft__tracing() || ++self->timed_skip % WEFT_HIST_SAMPLE == 0;
+  if (!*timed && !(n && n->queued))
+    return 0;
   uint64_t t0 = weft__ticks();
-  if (n)
+  if (n && n->queued)
     weft__hist_add(&sh->hist[WEFT_HIST_SCHED_DELAY],
                    weft__span_ns(n->queued, t0));
   weft__trace_at(t0, WEFT_EV_RUN, sh->idx, (uintptr_t)(n ? n->fn : NULL),
@@ -341,12 +359,15 @@ static uint64_t item_begin(struct weft__shard *sh, struct weft__node *n,
   return t0;
 }
 
-/* An item ended, at t1 (0: now): its run time, on the shard if this
- * thread still holds it (sh), else on the runtime; the recorder's event
- * names the function weft called last (a trampoline names the user's). */
+/* An item that began at t0 (0: not timed) ended, at t1 (0: now): its run
+ * time, on the shard if this thread still holds it (sh), else on the
+ * runtime; the recorder's event names the function weft called last (a
+ * trampoline names the user's). */
 static void item_end(weft_rt *rt, struct weft__shard *sh, unsigned idx,
                      uint64_t t0, uint64_t t1, unsigned handlers) {
   struct weft__thread *self = weft__self();
+  if (!t0)
+    return;
   if (!t1)
     t1 = weft__ticks();
   uint64_t ns = weft__span_ns(t0, t1);
@@ -362,11 +383,12 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   weft_rt *rt = sh->rt;
   unsigned idx = sh->idx;
   struct weft__thread *self = weft__self();
-  uint64_t t0 = item_begin(sh, n, NULL);
+  bool timed;
+  uint64_t t0 = item_begin(self, sh, n, NULL, &timed);
   weft__handler_enter(self, (void *)n->fn, NULL);
   int ran = invoke(rt, n);
   sh = weft__handler_leave(self);
-  item_end(rt, sh, idx, t0, 0, 1);
+  item_end(rt, sh, idx, timed ? t0 : 0, 0, 1);
   node_free(rt, node_cache(sh), n);
   count(rt, sh, ran);
 }
@@ -396,12 +418,13 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   unsigned budget = rt->batch;
   struct weft__node *n = s->head;
   unsigned idx = sh->idx, handlers = 0;
-  uint64_t t0 = item_begin(sh, n, s), t1 = 0;
+  bool timed;
+  uint64_t t0 = item_begin(self, sh, n, s, &timed), t1 = 0;
   if (!n) {
     /* Resuming after a cut link: s->ran ran, its successor is pending. */
     n = wait_link(s->ran);
     if (!n) {
-      item_end(rt, sh, idx, t0, 0, 0);
+      item_end(rt, sh, idx, timed ? t0 : 0, 0, 0);
       sched_yield();
       weft__schedule(rt, sh, (weft__item)s);
       return;
@@ -461,12 +484,12 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       /* Budget spent (requeue at the back), or shard lost (the strand
        * goes to the inject queue for a thread that holds one). */
       s->head = n;
-      n->queued = t1 = weft__ticks();
+      n->queued = t1 = timed ? weft__ticks() : 0;
       weft__schedule(rt, sh, (weft__item)s);
       break;
     }
   }
-  item_end(rt, sh, idx, t0, t1, handlers);
+  item_end(rt, sh, idx, timed ? t0 : 0, t1, handlers);
   weft__set_current_strand(NULL);
   if (lost_ran >= 0)
     count(rt, NULL, lost_ran);

@@ -21,9 +21,10 @@ struct weft__node {
   weft_fn cancel;
   void *arg;
   uint32_t embedded;
-  /* When it became runnable (weft__ticks), for WEFT_HIST_SCHED_DELAY: set
-   * on a node without strand when it is posted, and on the node at the
-   * head of a strand's queue when the strand is scheduled (strand.c);
+  /* When it became runnable (weft__ticks), for WEFT_HIST_SCHED_DELAY, or
+   * 0 if that is not measured: set on a node without strand when it is
+   * posted, and on the node at the head of a strand's queue when the
+   * strand is scheduled, for one in WEFT_HIST_SAMPLE (strand.c);
    * meaningless elsewhere. */
   uint64_t queued;
 };
