@@ -81,7 +81,8 @@ bool weft__epoll_wait(struct weft__io *io, uint64_t deadline, bool block) {
   return k > 0;
 }
 
-static void dispatch_one(struct weft__io *io, uint64_t data, uint32_t events) {
+static void dispatch_one(struct weft__io *io, uint64_t data, uint32_t events,
+                         uint64_t t) {
   struct weft__ioh *h = (struct weft__ioh *)(uintptr_t)(data & ADDR_MASK);
   struct weft__cqe c = {.gen = (uint32_t)(data >> GEN_SHIFT)};
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
@@ -93,7 +94,9 @@ static void dispatch_one(struct weft__io *io, uint64_t data, uint32_t events) {
   /* Not h->done: the handle's memory may belong to a socket made since
    * (a stale event), which the generation check against its event word
    * must rule out before anything else of it is read. */
-  weft__trace(WEFT_EV_COMPLETE, io->sh->idx, WEFT_TRACE_OP_READY, c.events);
+  if (t)
+    weft__trace_at(t, WEFT_EV_COMPLETE, io->sh->idx, WEFT_TRACE_OP_READY,
+                   c.events);
   weft__sock_ready(io->sh, weft__sock_of(h), &c);
 }
 
@@ -102,9 +105,10 @@ void weft__epoll_dispatch(struct weft__io *io) {
     return;
   /* evpos: a dispatch can post, posting can overflow the run queue, but
    * never re-enter here; the index still keeps a partial pass safe. */
+  uint64_t t = weft__tracing() ? weft__ticks() : 0; /* one for the batch */
   while (io->evpos < io->nev) {
     unsigned i = io->evpos++;
-    dispatch_one(io, io->evdata[i], io->evbits[i]);
+    dispatch_one(io, io->evdata[i], io->evbits[i], t);
   }
   weft__stat_add(&io->sh->st.io_events, io->nev);
   io->nev = io->evpos = 0;

@@ -289,9 +289,10 @@ void weft__uring_reap(struct weft__io *io) {
     weft__notify_parked(sh->rt);
 }
 
-/* One completion of an operation of ours, to its handle. */
+/* One completion of an operation of ours, to its handle; t: the reap's
+ * tick, when the thread records (trace.h). */
 static void complete(struct weft__io *io, uint64_t ud,
-                     const struct io_uring_cqe *cqe) {
+                     const struct io_uring_cqe *cqe, uint64_t t) {
   struct weft__ioh *h = (struct weft__ioh *)(uintptr_t)(ud & ~(uint64_t)7);
   unsigned op = (unsigned)(ud & WEFT_OP_MASK);
   struct weft__cqe c = {.res = cqe->res};
@@ -314,7 +315,9 @@ static void complete(struct weft__io *io, uint64_t ud,
              (cqe->flags & IORING_CQE_F_SOCK_NONEMPTY)) {
     c.flags |= WEFT_CQE_NONEMPTY;
   }
-  weft__trace(WEFT_EV_COMPLETE, io->sh->idx, op, (uint64_t)(int64_t)c.res);
+  if (t)
+    weft__trace_at(t, WEFT_EV_COMPLETE, io->sh->idx, op,
+                   (uint64_t)(int64_t)c.res);
   h->done(h, io->sh, op, &c);
 }
 
@@ -327,7 +330,7 @@ static void reap(struct weft__io *io) {
     weft__bufring_drain(io);
   unsigned head, n = 0;
   struct io_uring_cqe *cqe;
-  uint64_t events = 0;
+  uint64_t events = 0, t = 0; /* one tick for the batch's events */
   io_uring_for_each_cqe(ring, head, cqe) {
     uint64_t ud = io_uring_cqe_get_data64(cqe);
     n++;
@@ -336,8 +339,10 @@ static void reap(struct weft__io *io) {
         io->wake_armed = false; /* the poll ended: arm it again */
       continue;
     }
+    if (!t && weft__tracing())
+      t = weft__ticks();
     if (ud != UD_QUIET)
-      complete(io, ud, cqe);
+      complete(io, ud, cqe, t);
     events++;
   }
   if (n)
