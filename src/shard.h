@@ -66,8 +66,6 @@ struct weft__shard {
   bool yield_turn;
   struct weft__timers tm;
   struct weft__shard_counters st;
-  /* latency histograms, written by the owner (hist.h) */
-  struct weft__hist hist[WEFT_HIST_KINDS];
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
   _Atomic(struct weft__io *) io;
   struct weft__sock_reg socks;
@@ -79,6 +77,9 @@ struct weft__shard {
    * or freeing such objects, without a cache (weft__home_pick). */
   struct weft__pool strand_pool WEFT_ALIGNED;
   struct weft__pool timer_pool;
+  /* Latency histograms, written by the owner (hist.h). Last: 14 KiB
+   * between the owner's hot fields would spread them over more pages. */
+  struct weft__hist hist[WEFT_HIST_KINDS] WEFT_ALIGNED;
 } WEFT_ALIGNED;
 
 #define WEFT__LINE_OF(f) (offsetof(struct weft__shard, f) / WEFT_CACHELINE)
