@@ -610,9 +610,8 @@ WEFT_API long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len);
  *               idle, and the requeues of timed turns (below); handlers
  *               without strand all count.
  *  TURN         how long a run-queue item ran: a strand's turn (up to
- *               `batch` handlers) or a single handler. Every item is
- *               timed while the flight recorder is on, one in 16 per
- *               thread while it is off.
+ *               `batch` handlers) or a single handler; sampled, one
+ *               item in 16 per thread.
  *  TIMER_LATE   how late a timer fired: from its deadline to its firing
  *               (the handler's own start is one SCHED_DELAY later).
  *  IO_DELAY     from a socket operation's completion reaped from the

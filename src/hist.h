@@ -27,8 +27,8 @@ static inline unsigned weft__hist_bucket(uint64_t v) {
 }
 
 /* One in this many is measured where measuring every one would cost a
- * hot path a tick read each (strand.c): a strand's scheduling delay, and
- * a turn's run time while the recorder is off. */
+ * hot path a tick read or a histogram's cache lines each (strand.c): a
+ * strand's scheduling delay, and a turn's run time. */
 #define WEFT_HIST_SAMPLE 16u
 
 /* By the one thread that writes h (the holder of its shard): plain

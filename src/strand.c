@@ -357,18 +357,20 @@ static void count(weft_rt *rt, struct weft__shard *sh, int ran) {
 }
 
 /* An item begins: its scheduling delay if its node was stamped, and the
- * recorder's event. Returns its start, or 0 if no tick was read; *timed:
- * the item is one to time whole (every item while the recorder is on,
- * one in WEFT_HIST_SAMPLE otherwise), and a requeue of it is stamped. A
- * requeue stamped because its node was would time every later turn of a
- * busy strand: sampling would end at its first sample. */
+ * recorder's event. Returns its start, or 0 if nothing needs it.
+ * *sampled: one item in WEFT_HIST_SAMPLE per thread, whose run time is
+ * measured and whose requeue is stamped. A requeue stamped because its
+ * node was would measure every later turn of a busy strand: sampling
+ * would end at its first sample. */
 static uint64_t item_begin(struct weft__thread *self, struct weft__shard *sh,
-                           struct weft__node *n, weft_strand *s, bool *timed) {
-  *timed = weft__tracing() || ++self->timed_skip % WEFT_HIST_SAMPLE == 0;
-  if (!*timed && !(n && n->queued))
+                           struct weft__node *n, weft_strand *s,
+                           bool *sampled) {
+  *sampled = ++self->sample_skip % WEFT_HIST_SAMPLE == 0;
+  bool stamped = n && n->queued;
+  if (!*sampled && !stamped && !weft__tracing())
     return 0;
   uint64_t t0 = weft__ticks();
-  if (n && n->queued)
+  if (stamped)
     weft__hist_add(&sh->hist[WEFT_HIST_SCHED_DELAY],
                    weft__span_ns(n->queued, t0));
   weft__trace_at(t0, WEFT_EV_RUN, sh->idx, (uintptr_t)(n ? n->fn : NULL),
@@ -376,22 +378,23 @@ static uint64_t item_begin(struct weft__thread *self, struct weft__shard *sh,
   return t0;
 }
 
-/* An item that began at t0 (0: not timed) ended, at t1 (0: now): its run
- * time, on the shard if this thread still holds it (sh), else on the
+/* An item that began at t0 ended, at t1 (0: now): its run time if it was
+ * sampled, on the shard if this thread still holds it (sh), else on the
  * runtime; the recorder's event names the function weft called last (a
  * trampoline names the user's). */
 static void item_end(weft_rt *rt, struct weft__shard *sh, unsigned idx,
-                     uint64_t t0, uint64_t t1, unsigned handlers) {
+                     uint64_t t0, uint64_t t1, unsigned handlers,
+                     bool sampled) {
   struct weft__thread *self = weft__self();
-  if (!t0)
+  if (!t0 || (!sampled && !weft__tracing()))
     return;
   if (!t1)
     t1 = weft__ticks();
-  uint64_t ns = weft__span_ns(t0, t1);
-  if (sh)
-    weft__hist_add(&sh->hist[WEFT_HIST_TURN], ns);
-  else
-    weft__hist_add_shared(&rt->outside.hist[WEFT_HIST_TURN], ns);
+  if (sampled && sh)
+    weft__hist_add(&sh->hist[WEFT_HIST_TURN], weft__span_ns(t0, t1));
+  else if (sampled)
+    weft__hist_add_shared(&rt->outside.hist[WEFT_HIST_TURN],
+                          weft__span_ns(t0, t1));
   weft__trace_at(t1, WEFT_EV_END, idx,
                  (uintptr_t)weft__load(&self->cur_fn, WA_RLX), handlers);
 }
@@ -400,12 +403,12 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   weft_rt *rt = sh->rt;
   unsigned idx = sh->idx;
   struct weft__thread *self = weft__self();
-  bool timed;
-  uint64_t t0 = item_begin(self, sh, n, NULL, &timed);
+  bool sampled;
+  uint64_t t0 = item_begin(self, sh, n, NULL, &sampled);
   weft__handler_enter(self, (void *)n->fn, NULL);
   int ran = invoke(rt, n);
   sh = weft__handler_leave(self);
-  item_end(rt, sh, idx, timed ? t0 : 0, 0, 1);
+  item_end(rt, sh, idx, t0, 0, 1, sampled);
   node_free(rt, node_cache(sh), n);
   count(rt, sh, ran);
 }
@@ -435,13 +438,13 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   unsigned budget = rt->batch;
   struct weft__node *n = s->head;
   unsigned idx = sh->idx, handlers = 0;
-  bool timed;
-  uint64_t t0 = item_begin(self, sh, n, s, &timed), t1 = 0;
+  bool sampled;
+  uint64_t t0 = item_begin(self, sh, n, s, &sampled), t1 = 0;
   if (!n) {
     /* Resuming after a cut link: s->ran ran, its successor is pending. */
     n = wait_link(s->ran);
     if (!n) {
-      item_end(rt, sh, idx, timed ? t0 : 0, 0, 0);
+      item_end(rt, sh, idx, t0, 0, 0, sampled);
       sched_yield();
       weft__schedule(rt, sh, (weft__item)s);
       return;
@@ -501,12 +504,12 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       /* Budget spent (requeue at the back), or shard lost (the strand
        * goes to the inject queue for a thread that holds one). */
       s->head = n;
-      n->queued = t1 = timed ? weft__ticks() : 0;
+      n->queued = t1 = sampled ? weft__ticks() : 0;
       weft__schedule(rt, sh, (weft__item)s);
       break;
     }
   }
-  item_end(rt, sh, idx, timed ? t0 : 0, t1, handlers);
+  item_end(rt, sh, idx, t0, t1, handlers, sampled);
   weft__set_current_strand(NULL);
   if (lost_ran >= 0)
     count(rt, NULL, lost_ran);

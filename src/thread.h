@@ -51,9 +51,9 @@ struct weft__thread {
    * or WEFT_HSTART_LATE: stamping turned on while the epoch began */
   _Atomic uint64_t hstart;
   uint64_t epoch;
-  /* items run, for timing one in WEFT_HIST_SAMPLE while the recorder is
-   * off (strand.c, item_begin) */
-  uint32_t timed_skip;
+  /* items run, for measuring one in WEFT_HIST_SAMPLE (strand.c,
+   * item_begin) */
+  uint32_t sample_skip;
   /* 0; 1: the monitor took the shard; 2: the thread saw it (monitor.c) */
   _Atomic uint32_t taken;
   _Atomic(void *) cur_fn;     /* handler running, for stall reports */
