@@ -255,7 +255,9 @@ static inline void weft_config_init(weft_config *cfg) {
  * weft_config.eager_workers). And for sockets, the kind of backend is
  * decided here (a probe ring, once per process), but the shards' backends
  * are set up by the first weft_tcp_listen or weft_tcp_connect (tens of
- * microseconds per shard).
+ * microseconds per shard). The first create of a process also times the
+ * CPU's tick counter against the clock, for the latency histograms and
+ * the flight recorder (200 us).
  * Errors: -EINVAL (rt NULL, a field out of range, unknown flags, a bad
  * WEFT_BACKEND), -E2BIG (cfg comes from a newer weft.h and sets a field
  * this library does not know), -ENOMEM, -EAGAIN (a thread could not be
