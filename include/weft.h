@@ -609,15 +609,16 @@ WEFT_API long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len);
  *               without strand being posted, to its turn starting: Go's
  *               runnable-to-running latency. Strands are sampled: one
  *               post in 16 (per posting thread) that finds its strand
- *               idle, and the requeues of timed turns (below); handlers
+ *               idle, and the requeues of sampled turns (below); handlers
  *               without strand all count.
  *  TURN         how long a run-queue item ran: a strand's turn (up to
  *               `batch` handlers) or a single handler; sampled, one
  *               item in 16 per thread.
  *  TIMER_LATE   how late a timer fired: from its deadline to its firing
  *               (the handler's own start is one SCHED_DELAY later).
- *  IO_DELAY     from a socket operation's completion reaped from the
- *               kernel to its callback starting.
+ *  IO_DELAY     from the event that queued a socket's callback (a
+ *               completion reaped, readiness reported, or weft's own
+ *               wake of it) to that callback starting.
  *  POOL_WAIT    a weft_blocking or weft_fs job's wait for a pool thread.
  * Each shard keeps its own; the blocking pool's and what ran after a
  * handoff are the runtime's only. Times come from the CPU's tick counter
