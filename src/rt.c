@@ -187,7 +187,7 @@ static int config_copy(const weft_config *in, size_t size, weft_config *out) {
 static int resolve(weft_config *out) {
   if ((out->flags & ~(WEFT_CONFIG_NO_MONITOR | WEFT_CONFIG_NO_TIMER_SPIN |
                       WEFT_CONFIG_NO_TRACE)) ||
-      (out->trace_bytes && out->trace_bytes < 4096) ||
+      (out->trace_bytes && out->trace_bytes < WEFT_TRACE_MIN_BYTES) ||
       out->trace_bytes > ((size_t)1 << 34) || out->workers > WEFT_MAX_WORKERS ||
       out->batch > WEFT_MAX_BATCH ||
       (out->stall_threshold_ns && out->stall_threshold_ns < MIN_STALL_NS) ||

@@ -25,6 +25,7 @@
  */
 #include "trace.h"
 
+#include "hist.h"
 #include "log.h"
 #include "rt.h"
 
@@ -42,7 +43,6 @@ _Thread_local struct weft__ring *weft__tls_ring
     __attribute__((tls_model("initial-exec")));
 
 #define DEFAULT_TRACE_BYTES ((size_t)256 * 1024)
-#define MIN_TRACE_BYTES ((size_t)4096)
 #define STALL_DUMP_GAP_NS (10ull * 1000000000u)
 
 int weft__trace_init(weft_rt *rt, const weft_config *c) {
@@ -51,8 +51,6 @@ int weft__trace_init(weft_rt *rt, const weft_config *c) {
   const char *env = getenv("WEFT_TRACE");
   if ((c->flags & WEFT_CONFIG_NO_TRACE) || (env && !strcmp(env, "off")))
     return 0;
-  if (c->trace_bytes && c->trace_bytes < MIN_TRACE_BYTES)
-    return -EINVAL;
   size_t bytes = c->trace_bytes ? c->trace_bytes : DEFAULT_TRACE_BYTES;
   size_t events = 1;
   while (events * 2 * sizeof(struct weft__ev) <= bytes)
@@ -261,21 +259,18 @@ static int put_syms(struct out *o, struct rec *const *ev, const size_t *n,
 }
 
 /* Ticks to CLOCK_MONOTONIC ns, scaled between the recorder's start and
- * now; a counter read less than 10 ms after the start is timed for 10 ms
- * first, so the scale's error stays below a part in 10^4. */
+ * now: over a long run more exact than the process's scale (hist.c, timed
+ * over 200 us to a part in a thousand, seconds an hour), which serves a
+ * dump made less than 10 ms after the start. */
 struct scale {
   uint64_t tick0, ns0;
   double ns_per_tick;
 };
 
 static struct scale scale_now(const struct weft__trace *tr, uint64_t *now) {
-  struct scale s = {tr->tick0, tr->ns0, 1.0};
-  uint64_t tick, ns;
-  do {
-    ns = weft__now_ns();
-    tick = weft__ticks();
-  } while (weft__trace_tsc && ns - tr->ns0 < 10000000u);
-  if (weft__trace_tsc && tick > tr->tick0)
+  struct scale s = {tr->tick0, tr->ns0, (double)weft__tick_mult / 4294967296.0};
+  uint64_t ns = weft__now_ns(), tick = weft__ticks();
+  if (weft__trace_tsc && ns - tr->ns0 >= 10000000u && tick > tr->tick0)
     s.ns_per_tick = (double)(ns - tr->ns0) / (double)(tick - tr->tick0);
   *now = ns;
   return s;

@@ -50,6 +50,8 @@ enum {
 enum { WEFT_RING_WORKER, WEFT_RING_MONITOR, WEFT_RING_POOL };
 
 #define WEFT_TRACE_NO_SHARD 0xffffu
+/* The least weft_config.trace_bytes (rt.c checks it). */
+#define WEFT_TRACE_MIN_BYTES ((size_t)4096)
 
 /* One event: when (ticks), what (type | shard << 8 | tid << 32), a, b. */
 struct weft__ev {
