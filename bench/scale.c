@@ -1,0 +1,379 @@
+/*
+ * scale - what a strand and a timer cost when a server holds millions.
+ *
+ * Everything runs on a one-worker runtime (a fresh one for the strands and
+ * for each timer count), from handlers on that worker, in
+ * chunks of 1000 operations per turn (a turn that ran for milliseconds
+ * would be a stall, and the monitor would hand the shard off).
+ *
+ * Strands (--strands N, default 10 million):
+ *  held: N strands created, each posted one handler (it counts itself) and
+ *    kept until every handler has run; then all N released.
+ *    strand_bytes: the process's RSS growth over N once all have run (the
+ *    array of N pointers is faulted in before the first reading);
+ *    strand_ns: the worker's wall time for create + post + run and for
+ *    release, over N.
+ *  churn: N times create, post one handler, release at once, the handlers
+ *    running as the loop goes: strand_churn_ns.
+ * Timers (--timers N, default 1 million), for P pending = 10^3, 10^5, 10^6
+ *  (those not above N): P timers (no strand) armed between 1 s and 1 h
+ *  ahead (a fixed-seed xorshift), then, in windows of P/2 that walk the
+ *  array and wrap, each window cancelled and then started again with new
+ *  deadlines, until at least 10^6 of each: timer_cancel_ns_1eK and
+ *  timer_start_ns_1eK (time summed over chunks, per operation), and
+ *  timer_bytes, the RSS growth per timer at the largest P. Flat cost is the
+ *  point: timer_start_flat and timer_cancel_flat are the largest P's figure
+ *  over 10^3's.
+ *
+ * Peers in the same run, same protocol (their top comments):
+ * build/bench/peers/asio_scale (asio::strand<> and io_context::strand at
+ * min(N, 1 million), steady_timer) and uv_scale (uv_timer_t). Their keys
+ * are repeated with prefixes asio_ and uv_.
+ *   build/bench/scale [--strands N] [--timers N] [--no-peer]
+ */
+#include <weft.h>
+
+#include <malloc.h>
+#include <semaphore.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "benchutil.h"
+
+/* Operations per turn. A strand chunk stays below half the run queue's
+ * ring (256), so the chunk's strands and then the driver, posted without a
+ * strand, queue in order there: each chunk's handlers run before the next
+ * chunk. */
+#define STRAND_CHUNK 100
+#define TIMER_CHUNK 1000
+#define CYCLE_OPS 1000000
+
+static uint64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void check(int r, const char *what) {
+  if (r) {
+    fprintf(stderr, "scale: %s: %s\n", what, weft_strerror(r));
+    exit(1);
+  }
+}
+
+/* Resident bytes of this process. */
+static double rss_bytes(void) {
+  /* What earlier phases freed but glibc kept resident would be reused
+   * unseen by the next: given back first (the peers do the same). */
+  malloc_trim(0);
+  FILE *f = fopen("/proc/self/statm", "r");
+  long size, res;
+  if (!f || fscanf(f, "%ld %ld", &size, &res) != 2) {
+    fprintf(stderr, "scale: cannot read /proc/self/statm\n");
+    exit(1);
+  }
+  fclose(f);
+  return (double)res * (double)sysconf(_SC_PAGESIZE);
+}
+
+static uint64_t rng = 0x9E3779B97F4A7C15u;
+
+/* Between 1 s and 1 h, from a fixed-seed xorshift64 (the peers' too). */
+static uint64_t random_deadline_ns(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 7;
+  rng ^= rng << 17;
+  return 1000000000u + rng % (3600000000000u - 1000000000u);
+}
+
+static weft_rt *rt;
+static weft_strand **strands;
+static weft_timer **timers;
+static long npending; /* timers: the array's length; windows wrap at it */
+static long base;     /* timers: the window's first index */
+
+/* Handlers counted by the one worker: a load and a store, not an atomic
+ * read-modify-write, as a plain counter in the peers. */
+static atomic_long ran;
+
+static void bump(void *arg) {
+  (void)arg;
+  atomic_store_explicit(&ran,
+                        atomic_load_explicit(&ran, memory_order_relaxed) + 1,
+                        memory_order_relaxed);
+}
+
+static void never(void *arg, int status, uint64_t missed) {
+  (void)arg;
+  (void)status;
+  (void)missed;
+}
+
+static void held_create(long i) {
+  check(weft_strand_create(rt, &strands[i]), "weft_strand_create");
+  check(weft_post(strands[i], bump, NULL), "weft_post");
+}
+
+static void held_release(long i) { weft_strand_release(strands[i]); }
+
+static void churn(long i) {
+  (void)i;
+  weft_strand *s;
+  check(weft_strand_create(rt, &s), "weft_strand_create");
+  check(weft_post(s, bump, NULL), "weft_post");
+  weft_strand_release(s);
+}
+
+static void timer_arm(long i) {
+  check(weft_timer_create(rt, NULL, &timers[i]), "weft_timer_create");
+  check(weft_timer_start(timers[i], random_deadline_ns(), 0, never, NULL),
+        "weft_timer_start");
+}
+
+static void timer_cancel(long i) {
+  /* -EALREADY: a timer of the first arming that came due (1 s ahead at
+   * the least) and fired; it is idle either way. */
+  int r = weft_timer_cancel(timers[(base + i) % npending]);
+  if (r && r != -EALREADY)
+    check(r, "weft_timer_cancel");
+}
+
+static void timer_restart(long i) {
+  check(weft_timer_start(timers[(base + i) % npending], random_deadline_ns(), 0,
+                         never, NULL),
+        "weft_timer_start");
+}
+
+static void timer_destroy(long i) { weft_timer_destroy(timers[i]); }
+
+/* One loop of n operations, chunk by chunk in a handler without strand
+ * that posts itself again; done once `ran` reaches `await` too. busy: the
+ * chunks' time; wall: from the first chunk's start to the turn that saw the
+ * loop done. */
+struct loop {
+  void (*op)(long i);
+  long n, next, chunk, await;
+  uint64_t t0, busy, wall;
+  sem_t done;
+};
+
+static void drive(void *arg) {
+  struct loop *l = arg;
+  uint64_t a = now_ns();
+  if (!l->t0)
+    l->t0 = a;
+  if (l->next < l->n) {
+    long end = l->next + l->chunk < l->n ? l->next + l->chunk : l->n;
+    for (long i = l->next; i < end; i++)
+      l->op(i);
+    l->next = end;
+    l->busy += now_ns() - a;
+  } else if (atomic_load_explicit(&ran, memory_order_relaxed) >= l->await) {
+    l->wall = a - l->t0;
+    sem_post(&l->done);
+    return;
+  }
+  check(weft_post_rt(rt, drive, l), "weft_post_rt");
+}
+
+/* Runs op(0..n-1) on the worker; returns its busy (chunks) or wall time. */
+static uint64_t run_loop(void (*op)(long), long n, long chunk, long await,
+                         bool wall) {
+  struct loop l = {.op = op, .n = n, .chunk = chunk, .await = await};
+  sem_init(&l.done, 0, 0);
+  check(weft_post_rt(rt, drive, &l), "weft_post_rt");
+  while (sem_wait(&l.done))
+    ;
+  sem_destroy(&l.done);
+  return wall ? l.wall : l.busy;
+}
+
+/* A fresh one-worker runtime per phase, as the peers take a fresh
+ * io_context or loop: memory freed into one phase's pools is not reused
+ * unseen by the next. */
+static void rt_begin(void) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 1;
+  check(weft_rt_create(&rt, &cfg), "weft_rt_create");
+}
+
+static void *alloc_faulted(size_t bytes) {
+  void *p = malloc(bytes);
+  if (!p) {
+    fprintf(stderr, "scale: out of memory for %zu bytes\n", bytes);
+    exit(1);
+  }
+  bench_prefault(p, bytes);
+  return p;
+}
+
+struct strand_figures {
+  double bytes, cold_ns, ns, churn_ns;
+};
+
+/* Create + post + run of n held strands, then their release: wall ns. */
+static uint64_t held_round(long n) {
+  atomic_store(&ran, 0);
+  uint64_t t = run_loop(held_create, n, STRAND_CHUNK, n, true);
+  return t + run_loop(held_release, n, STRAND_CHUNK, 0, true);
+}
+
+/* Two held rounds: the first (cold) also pays the kernel's first touch of
+ * the pools' new pages; the second (strand_ns) reuses them, as a server
+ * does once its pools have grown. bytes: from the first. */
+static struct strand_figures measure_strands(long n) {
+  struct strand_figures f;
+  rt_begin();
+  strands = alloc_faulted((size_t)n * sizeof(*strands));
+  atomic_store(&ran, 0);
+  double rss0 = rss_bytes();
+  uint64_t t = run_loop(held_create, n, STRAND_CHUNK, n, true);
+  f.bytes = (rss_bytes() - rss0) / (double)n;
+  t += run_loop(held_release, n, STRAND_CHUNK, 0, true);
+  f.cold_ns = (double)t / (double)n;
+  f.ns = (double)held_round(n) / (double)n;
+  free(strands);
+  atomic_store(&ran, 0);
+  f.churn_ns = (double)run_loop(churn, n, STRAND_CHUNK, n, true) / (double)n;
+  weft_rt_destroy(rt);
+  return f;
+}
+
+/* The pending counts measured: 10^3, 10^5, 10^6, those not above max. */
+static const long sizes[] = {1000, 100000, 1000000};
+static const char *const size_names[] = {"1e3", "1e5", "1e6"};
+#define NSIZES 3
+
+struct timer_figures {
+  double bytes;
+  double start_ns[NSIZES], cancel_ns[NSIZES];
+  int nsizes;
+};
+
+static struct timer_figures measure_timers(long max) {
+  struct timer_figures f = {0};
+  for (int k = 0; k < NSIZES && sizes[k] <= max; k++) {
+    long p = sizes[k], window = p / 2;
+    rt_begin();
+    timers = alloc_faulted((size_t)p * sizeof(*timers));
+    npending = p;
+    double rss0 = rss_bytes();
+    run_loop(timer_arm, p, TIMER_CHUNK, 0, false);
+    f.bytes = (rss_bytes() - rss0) / (double)p;
+    uint64_t cancel = 0, start = 0;
+    long ops = 0;
+    for (base = 0; ops < CYCLE_OPS; ops += window) {
+      cancel += run_loop(timer_cancel, window, TIMER_CHUNK, 0, false);
+      start += run_loop(timer_restart, window, TIMER_CHUNK, 0, false);
+      base = (base + window) % p;
+    }
+    f.cancel_ns[k] = (double)cancel / (double)ops;
+    f.start_ns[k] = (double)start / (double)ops;
+    run_loop(timer_destroy, p, TIMER_CHUNK, 0, false);
+    weft_rt_destroy(rt);
+    free(timers);
+    f.nsizes = k + 1;
+  }
+  return f;
+}
+
+/* Runs a peer and returns its last line (malloc'd), or NULL. */
+static char *run_peer(const char *name, long strands_n, long timers_n) {
+  char path[4096], sn[32], tn[32];
+  if (!bench_peer_path(name, path, sizeof(path)))
+    return NULL;
+  snprintf(sn, sizeof(sn), "%ld", strands_n);
+  snprintf(tn, sizeof(tn), "%ld", timers_n);
+  char *asio_argv[] = {path, "--strands", sn, "--timers", tn, NULL};
+  char *uv_argv[] = {path, "--timers", tn, NULL};
+  char *out = bench_capture(strcmp(name, "asio_scale") ? uv_argv : asio_argv);
+  if (!out) {
+    fprintf(stderr, "scale: peer %s failed\n", name);
+    return NULL;
+  }
+  char *line = strdup(bench_last_line(out));
+  free(out);
+  return line;
+}
+
+/* Prints the numeric "key":value pairs of a peer's JSON line, prefixed. */
+static void print_prefixed(const char *line, const char *prefix) {
+  const char *p = strchr(line, '"');
+  while (p) {
+    const char *end = strchr(p + 1, '"');
+    if (!end || end[1] != ':')
+      break;
+    char *num_end;
+    double v = strtod(end + 2, &num_end);
+    if (num_end != end + 2)
+      printf(",\"%s%.*s\":%.10g", prefix, (int)(end - p - 1), p + 1, v);
+    p = strpbrk(end + 2, ",}");
+    p = p && *p == ',' ? strchr(p, '"') : NULL;
+  }
+}
+
+int main(int argc, char **argv) {
+  long nstrands = 10000000, ntimers = 1000000;
+  bool peer = true;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--strands") && i + 1 < argc)
+      nstrands = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--timers") && i + 1 < argc)
+      ntimers = atol(argv[++i]);
+    else if (!strcmp(argv[i], "--no-peer"))
+      peer = false;
+    else {
+      fprintf(stderr, "usage: scale [--strands N] [--timers N] [--no-peer]\n");
+      return 2;
+    }
+  }
+  if (nstrands < STRAND_CHUNK || ntimers < 1000) {
+    fprintf(stderr, "scale: --strands >= %d, --timers >= 1000\n", STRAND_CHUNK);
+    return 2;
+  }
+  struct strand_figures s = measure_strands(nstrands);
+  struct timer_figures t = measure_timers(ntimers);
+
+  long peer_strands = nstrands < 1000000 ? nstrands : 1000000;
+  char *asio = peer ? run_peer("asio_scale", peer_strands, ntimers) : NULL;
+  char *uv = peer ? run_peer("uv_scale", 0, ntimers) : NULL;
+
+  printf("weft: %ld strands: %.1f bytes, %.1f ns held (%.1f ns cold), "
+         "%.1f ns churn\n",
+         nstrands, s.bytes, s.ns, s.cold_ns, s.churn_ns);
+  printf("weft: timers: %.1f bytes at %ld pending\n", t.bytes,
+         sizes[t.nsizes - 1]);
+  for (int k = 0; k < t.nsizes; k++)
+    printf("weft: %ld pending: start %.1f ns, cancel %.1f ns\n", sizes[k],
+           t.start_ns[k], t.cancel_ns[k]);
+  if (asio)
+    printf("asio: %s\n", asio);
+  if (uv)
+    printf("libuv: %s\n", uv);
+
+  printf("{\"bench\":\"scale\",\"strands\":%ld,\"timers\":%ld,"
+         "\"strand_bytes\":%.2f,\"strand_ns\":%.2f,\"strand_cold_ns\":%.2f,"
+         "\"strand_churn_ns\":%.2f,\"timer_bytes\":%.2f",
+         nstrands, ntimers, s.bytes, s.ns, s.cold_ns, s.churn_ns, t.bytes);
+  for (int k = 0; k < t.nsizes; k++)
+    printf(",\"timer_start_ns_%s\":%.2f,\"timer_cancel_ns_%s\":%.2f",
+           size_names[k], t.start_ns[k], size_names[k], t.cancel_ns[k]);
+  int last = t.nsizes - 1;
+  printf(",\"timer_start_flat\":%.3f,\"timer_cancel_flat\":%.3f",
+         t.start_ns[last] / t.start_ns[0], t.cancel_ns[last] / t.cancel_ns[0]);
+  if (asio)
+    print_prefixed(asio, "asio_");
+  if (uv)
+    print_prefixed(uv, "uv_");
+  printf("}\n");
+  free(asio);
+  free(uv);
+  return 0;
+}
