@@ -37,11 +37,15 @@ static void overflow(weft_rt *rt, struct weft__shard *sh, weft__item it) {
   weft__notify_parked(rt);
 }
 
+/* With one shard no other thread may run what the caller, who holds it,
+ * queues in its ring (a spare runs a shard only when handed it), so a
+ * local push wakes no one and skips notify_parked's RMW. */
 void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it) {
   if (local) {
     if (!weft__runq_push(&local->rq, it))
       overflow(rt, local, it);
-    else if (!local->quiet && weft__runq_len(&local->rq) > 1)
+    else if (!local->quiet && rt->nshards > 1 &&
+             weft__runq_len(&local->rq) > 1)
       weft__notify_parked(rt); /* there is work for another thread */
     return;
   }
@@ -55,7 +59,7 @@ void weft__schedule_prio(weft_rt *rt, struct weft__shard *local,
     weft__schedule(rt, local, it); /* outside, or full: the usual way */
     return;
   }
-  if (!local->quiet &&
+  if (!local->quiet && rt->nshards > 1 &&
       weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
     weft__notify_parked(rt); /* there is work for another thread */
 }
