@@ -33,6 +33,10 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* An idle connection's memory is mostly this (tcp.h). */
+_Static_assert(sizeof(struct weft__conn) <= 9 * WEFT_CACHELINE,
+               "a connection is nine cache lines at most");
+
 #define READ_MAX ((size_t)1 << 30)
 #define DEFAULT_LOW ((size_t)64 << 10)
 #define DEFAULT_HIGH ((size_t)1 << 20)

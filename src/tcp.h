@@ -70,6 +70,8 @@ struct weft__connect {
   struct sockaddr_storage addr;
 };
 
+/* Every connection, idle ones included, holds one of these, carved in
+ * whole cache lines (pool.c): it is kept to nine (tcp.c asserts it). */
 struct weft__conn {
   struct weft__sock s;
   bool user_closed, abortive; /* EV_CLOSE seen; weft_tcp_close's argument */
@@ -92,7 +94,6 @@ struct weft__conn {
   int err;            /* sticky write error, 0 if none */
   int32_t rres, wres; /* uring: results of the ops in the kernel */
   int32_t mres;       /* the multishot's end, written by the reaper */
-  int32_t rd_term;
   /* read */
   void *rbuf;
   size_t rlen;
@@ -103,6 +104,7 @@ struct weft__conn {
   _Atomic uint32_t rheld;                 /* pushed and not yet handed back */
   _Atomic uint32_t mcancel;               /* the reaper asked to cancel it */
   _Atomic uint32_t mclosing;              /* the socket closes: cancel it */
+  int32_t rd_term; /* here, not with the flags: it fills a hole */
   _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
   struct weft__io *m_io; /* the ring it went to (strand only) */
   /* writes: queue, completed ones (callbacks due), backpressure */
