@@ -44,8 +44,7 @@ void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it) {
   if (local) {
     if (!weft__runq_push(&local->rq, it))
       overflow(rt, local, it);
-    else if (!local->quiet && rt->nshards > 1 &&
-             weft__runq_len(&local->rq) > 1)
+    else if (!local->quiet && rt->nshards > 1 && weft__runq_len(&local->rq) > 1)
       weft__notify_parked(rt); /* there is work for another thread */
     return;
   }

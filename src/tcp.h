@@ -100,10 +100,10 @@ struct weft__conn {
   weft_read_fn rfn;
   void *rarg;
   struct weft__rbuf *rq_head, *rq_tail;
-  _Atomic(struct weft__rbuf *) rin;       /* pushed by the reaper */
-  _Atomic uint32_t rheld;                 /* pushed and not yet handed back */
-  _Atomic uint32_t mcancel;               /* the reaper asked to cancel it */
-  _Atomic uint32_t mclosing;              /* the socket closes: cancel it */
+  _Atomic(struct weft__rbuf *) rin; /* pushed by the reaper */
+  _Atomic uint32_t rheld;           /* pushed and not yet handed back */
+  _Atomic uint32_t mcancel;         /* the reaper asked to cancel it */
+  _Atomic uint32_t mclosing;        /* the socket closes: cancel it */
   int32_t rd_term; /* here, not with the flags: it fills a hole */
   _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
   struct weft__io *m_io; /* the ring it went to (strand only) */
