@@ -37,19 +37,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#define BODY "Hello, World!"
-#define HEAD                                                                   \
-  "HTTP/1.1 200 OK\r\nContent-Length: 13\r\nContent-Type: text/plain\r\n"
-static const char resp_keep[] = HEAD "\r\n" BODY;
-static const char resp_close[] = HEAD "Connection: close\r\n\r\n" BODY;
-static const char resp_400[] = "HTTP/1.1 400 Bad Request\r\n"
-                               "Content-Length: 0\r\nConnection: close\r\n\r\n";
+#include "floor_http.h"
 
 #define ENTRIES 256
 #define NBUF 1024 /* provided buffers per thread (a power of two) */
 #define BUF_SIZE 2048
 #define BGID 1
-#define PART_MAX 8192 /* a longer head gets 400 */
 
 /* user_data: the connection's address, tagged in its low bits. */
 enum { OP_ACCEPT = 0, OP_RECV = 1, OP_SEND = 2, OP_QUIET = 3, OP_MASK = 3 };
@@ -68,20 +61,7 @@ struct worker {
   struct io_uring_buf_ring *br;
   char *bufs;
   int lfd;
-  unsigned port;
-  pthread_t th;
 };
-
-static volatile sig_atomic_t stopping;
-static void on_signal(int sig) {
-  (void)sig;
-  stopping = 1;
-}
-
-static void die(const char *what, int err) {
-  fprintf(stderr, "floor_http_hello: %s: %s\n", what, strerror(err));
-  exit(1);
-}
 
 static struct io_uring_sqe *sqe_of(struct io_uring *ring) {
   struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
@@ -128,21 +108,6 @@ static void finish(struct worker *w, struct conn *c) {
   io_uring_sqe_set_data64(sqe, OP_QUIET);
   free(c->part);
   free(c);
-}
-
-/* Whether the head [p, end) has a Connection header whose value is
- * "close" (any case; the benchmark's clients send exactly that). */
-static bool wants_close(const char *p, const char *end) {
-  static const char name[] = "\r\nconnection:";
-  for (const char *q = p; end - q >= (long)sizeof(name) - 1; q++) {
-    if (*q != '\r' || strncasecmp(q, name, sizeof(name) - 1))
-      continue;
-    const char *v = q + sizeof(name) - 1;
-    while (v < end && *v == ' ')
-      v++;
-    return end - v >= 5 && !strncasecmp(v, "close", 5);
-  }
-  return false;
 }
 
 /* Answers every complete head in [p, p + n); returns where the first
@@ -219,7 +184,7 @@ static void on_cqe(struct worker *w, uint64_t ud, int res, unsigned flags) {
         arm_recv(w, n);
       }
     }
-    if (!(flags & IORING_CQE_F_MORE) && !stopping) {
+    if (!(flags & IORING_CQE_F_MORE) && !floor_stopping) {
       struct io_uring_sqe *sqe = sqe_of(&w->ring);
       io_uring_prep_multishot_accept(sqe, w->lfd, NULL, NULL, 0);
       io_uring_sqe_set_data64(sqe, OP_ACCEPT);
@@ -273,29 +238,19 @@ static void worker_setup(struct worker *w) {
   io_uring_buf_ring_advance(w->br, NBUF);
 }
 
-/* One listening socket per thread: the kernel spreads the connections. */
-static int listener(unsigned port) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  int one = 1;
-  struct sockaddr_in a = {.sin_family = AF_INET,
-                          .sin_port = htons((uint16_t)port),
-                          .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) ||
-      setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)) ||
-      bind(fd, (struct sockaddr *)&a, sizeof(a)) || listen(fd, 1024))
-    die("listen", errno);
-  return fd;
-}
-
 static void *worker_main(void *arg) {
-  struct worker *w = arg;
+  struct floor_thread *t = arg;
+  struct worker *w = calloc(1, sizeof(*w));
+  if (!w)
+    die("calloc", ENOMEM);
+  w->lfd = t->lfd;
   /* The ring is made here: SINGLE_ISSUER binds it to its first user. */
   worker_setup(w);
   struct io_uring_sqe *sqe = sqe_of(&w->ring);
   io_uring_prep_multishot_accept(sqe, w->lfd, NULL, NULL, 0);
   io_uring_sqe_set_data64(sqe, OP_ACCEPT);
   struct __kernel_timespec ts = {.tv_sec = 0, .tv_nsec = 100000000};
-  while (!stopping) {
+  while (!floor_stopping) {
     struct io_uring_cqe *cqe;
     int r = io_uring_submit_and_wait_timeout(&w->ring, &cqe, 1, &ts, NULL);
     if (r < 0 && r != -ETIME && r != -EINTR && r != -EBUSY)
@@ -311,37 +266,5 @@ static void *worker_main(void *arg) {
 }
 
 int main(int argc, char **argv) {
-  unsigned port = 8080, threads = 1;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!strcmp(argv[i], "--port"))
-      port = (unsigned)strtoul(argv[i + 1], NULL, 10);
-    else if (!strcmp(argv[i], "--threads"))
-      threads = (unsigned)strtoul(argv[i + 1], NULL, 10);
-    else
-      break;
-  }
-  if (argc % 2 == 0 || !port || port > 65535 || !threads || threads > 256) {
-    fprintf(stderr, "usage: floor_http_hello [--port P] [--threads N]\n");
-    return 2;
-  }
-  struct sigaction sa = {.sa_handler = on_signal};
-  sigaction(SIGINT, &sa, NULL);
-  sigaction(SIGTERM, &sa, NULL);
-  signal(SIGPIPE, SIG_IGN);
-  struct worker *w = calloc(threads, sizeof(*w));
-  if (!w)
-    die("calloc", ENOMEM);
-  for (unsigned i = 0; i < threads; i++) {
-    w[i].port = port;
-    w[i].lfd = listener(port);
-  }
-  for (unsigned i = 0; i < threads; i++) {
-    if (pthread_create(&w[i].th, NULL, worker_main, &w[i]))
-      die("pthread_create", EAGAIN);
-  }
-  printf("listening on %u\n", port);
-  fflush(stdout);
-  for (unsigned i = 0; i < threads; i++)
-    pthread_join(w[i].th, NULL);
-  return 0;
+  return floor_main(argc, argv, "floor_http_hello", 0, worker_main);
 }
