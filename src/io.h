@@ -31,7 +31,7 @@ struct sockaddr;
 enum {
   WEFT_OP_RECV = 1, /* a one-shot receive into the caller's buffer */
   WEFT_OP_RECVM,    /* a multishot receive into provided buffers */
-  WEFT_OP_SEND,     /* a sendmsg */
+  WEFT_OP_SEND,     /* a send, or a sendmsg */
   WEFT_OP_CONNECT,
   WEFT_OP_ACCEPT, /* an accept that never waits in the kernel */
   WEFT_OP_POLL,   /* a one-shot poll (for what its owner asked) */
