@@ -2,17 +2,19 @@
  * scale - what a strand and a timer cost when a server holds millions.
  *
  * Everything runs on a one-worker runtime (a fresh one for the strands and
- * for each timer count), from handlers on that worker, in
- * chunks of 1000 operations per turn (a turn that ran for milliseconds
+ * for each timer count), from handlers on that worker, in chunks per turn
+ * (100 strands or 1000 timer operations: a turn that ran for milliseconds
  * would be a stall, and the monitor would hand the shard off).
  *
  * Strands (--strands N, default 10 million):
  *  held: N strands created, each posted one handler (it counts itself) and
- *    kept until every handler has run; then all N released.
- *    strand_bytes: the process's RSS growth over N once all have run (the
- *    array of N pointers is faulted in before the first reading);
- *    strand_ns: the worker's wall time for create + post + run and for
- *    release, over N.
+ *    kept until every handler has run; then all N released; twice.
+ *    strand_cold_ns: the first round's wall time on the worker for create +
+ *    post + run and for release, over N; it also pays the kernel's first
+ *    touch of the pools' new pages. strand_ns: the same for the second
+ *    round, which reuses them, as a server does once its pools have grown.
+ *    strand_bytes: the process's RSS growth over N in the first round,
+ *    once all have run (the array of N pointers is faulted in before).
  *  churn: N times create, post one handler, release at once, the handlers
  *    running as the loop goes: strand_churn_ns.
  * Timers (--timers N, default 1 million), for P pending = 10^3, 10^5, 10^6
