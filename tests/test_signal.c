@@ -14,7 +14,7 @@
  *    call afterwards.
  *  - weft_rt_destroy with a watcher left: dropped, the old action back.
  *  - A child forked while the parent watches: its own watcher gets its
- *    own signals, the parent's none of them (not under TSan).
+ *    own signals, the parent's none of them (not under TSan or ASan).
  *  - A burst to two runtimes: no overlapping call, none after unwatch, no
  *    more arrivals counted than sent (the ThreadSanitizer stress test).
  *  - Bad input: SIGKILL, SIGSEGV, 0, NSIG, NULL fn: -EINVAL; a strand of
@@ -170,8 +170,14 @@ static int child_watch(void) {
 
 static void test_fork_child(void **state) {
   (void)state;
-#ifdef TU_UNDER_TSAN
-  skip(); /* threads after a multi-threaded fork: not supported by TSan */
+  /* Not under TSan, which does not support threads after a multi-threaded
+   * fork, nor under ASan, whose allocator (gcc 12's and clang 14's,
+   * Debian 12's) takes none of its locks across fork: a child forked while
+   * a parent thread holds one deadlocks in its first malloc there (seen
+   * once here: the child hung until its alarm; test_fork.c has the
+   * same skip and the backtrace). */
+#if defined(TU_UNDER_TSAN) || defined(TU_UNDER_ASAN)
+  skip();
 #endif
   tu_reset_async_errors();
   tu_phase("signal: a forked child");
