@@ -35,9 +35,7 @@
 
 struct conn {
   int fd;
-  bool closing; /* answered with a close */
-  char *part;   /* the start of a head that came in pieces (PART_MAX) */
-  size_t npart;
+  struct floor_heads h;
 };
 
 struct worker {
@@ -45,59 +43,24 @@ struct worker {
   char in[IN_MAX];
   char out[OUT_MAX];
   size_t nout;
+  bool overflow; /* more pipelined answers than out holds */
 };
 
-static void reply(struct worker *w, struct conn *c, const char *p, size_t n) {
-  if (w->nout + n > OUT_MAX) { /* more pipelined heads than fit: stop */
-    c->closing = true;
+/* floor_on_data's reply: gathered for one send (ctx: the worker; a reply
+ * that does not fit ends the connection's answers). */
+static void reply(void *ctx, const char *p, size_t n) {
+  struct worker *w = ctx;
+  if (w->nout + n > OUT_MAX) {
+    w->overflow = true;
     return;
   }
   memcpy(w->out + w->nout, p, n);
   w->nout += n;
 }
 
-/* Answers every complete head in [p, end); returns where the first
- * incomplete one starts (end: none). */
-static const char *answer(struct worker *w, struct conn *c, const char *p,
-                          const char *end) {
-  while (p < end && !c->closing) {
-    const char *h = memmem(p, (size_t)(end - p), "\r\n\r\n", 4);
-    if (!h)
-      return p;
-    if (wants_close(p, h)) {
-      reply(w, c, resp_close, sizeof(resp_close) - 1);
-      c->closing = true;
-    } else {
-      reply(w, c, resp_keep, sizeof(resp_keep) - 1);
-    }
-    p = h + 4;
-  }
-  return end;
-}
-
-static void on_data(struct worker *w, struct conn *c, const char *p, size_t n) {
-  if (!c->npart) {
-    const char *rest = answer(w, c, p, p + n);
-    n = (size_t)(p + n - rest);
-    p = rest;
-    if (!n)
-      return;
-  }
-  if ((!c->part && !(c->part = malloc(PART_MAX))) || n > PART_MAX - c->npart) {
-    reply(w, c, resp_400, sizeof(resp_400) - 1);
-    c->closing = true;
-    return;
-  }
-  memcpy(c->part + c->npart, p, n);
-  c->npart += n;
-  const char *rest = answer(w, c, c->part, c->part + c->npart);
-  c->npart = (size_t)(c->part + c->npart - rest);
-  memmove(c->part, rest, c->npart);
-}
-
 static void conn_close(struct conn *c) {
   close(c->fd); /* also takes it out of the epoll set */
-  free(c->part);
+  free(c->h.part);
   free(c);
 }
 
@@ -110,10 +73,13 @@ static void on_readable(struct worker *w, struct conn *c) {
     return;
   }
   w->nout = 0;
-  on_data(w, c, w->in, (size_t)n);
+  w->overflow = false;
+  floor_on_data(&c->h, reply, w, w->in, (size_t)n);
+  if (w->overflow)
+    c->h.closing = true;
   if (w->nout && send(c->fd, w->out, w->nout, MSG_NOSIGNAL) != (ssize_t)w->nout)
-    c->closing = true;
-  if (c->closing)
+    c->h.closing = true;
+  if (c->h.closing)
     conn_close(c);
 }
 

@@ -1,8 +1,8 @@
 /*
  * floor_http.h - what bench/net's two floors share (floor_http_hello.c on
  * io_uring, floor_epoll_http_hello.c on epoll): the answers, the
- * "Connection: close" test, the listeners and main. Header-only; each
- * floor includes it once.
+ * "Connection: close" test, the parsing of requests into answers, the
+ * listeners and main. Header-only; each floor includes it once.
  *
  * A floor's main: floor_main(argc, argv, name, worker) parses
  * --port P --threads N, opens one SO_REUSEPORT listener per thread (the
@@ -66,6 +66,60 @@ static bool wants_close(const char *p, const char *end) {
     return end - v >= 5 && !strncasecmp(v, "close", 5);
   }
   return false;
+}
+
+/* A connection's requests as they come: a head that came in pieces (the
+ * benchmark's clients send each request in one write, a shell's printf
+ * need not) is gathered in part. closing: answered with a close (or 400),
+ * no more answers. */
+struct floor_heads {
+  char *part;
+  size_t npart;
+  bool closing;
+};
+
+/* How a floor sends an answer for a connection (ctx). */
+typedef void (*floor_reply_fn)(void *ctx, const char *p, size_t n);
+
+/* Answers every complete head in [p, end); returns where the first
+ * incomplete one starts (end: none). */
+static const char *floor_answer(struct floor_heads *h, floor_reply_fn reply,
+                                void *ctx, const char *p, const char *end) {
+  while (p < end && !h->closing) {
+    const char *e = memmem(p, (size_t)(end - p), "\r\n\r\n", 4);
+    if (!e)
+      return p;
+    if (wants_close(p, e)) {
+      reply(ctx, resp_close, sizeof(resp_close) - 1);
+      h->closing = true;
+    } else {
+      reply(ctx, resp_keep, sizeof(resp_keep) - 1);
+    }
+    p = e + 4;
+  }
+  return end;
+}
+
+/* n bytes received on a connection: the answers to its complete heads. */
+static void floor_on_data(struct floor_heads *h, floor_reply_fn reply,
+                          void *ctx, const char *p, size_t n) {
+  if (!h->npart) {
+    const char *rest = floor_answer(h, reply, ctx, p, p + n);
+    n = (size_t)(p + n - rest);
+    p = rest;
+    if (!n)
+      return;
+  }
+  if ((!h->part && !(h->part = malloc(PART_MAX))) || n > PART_MAX - h->npart) {
+    reply(ctx, resp_400, sizeof(resp_400) - 1);
+    h->closing = true;
+    return;
+  }
+  memcpy(h->part + h->npart, p, n);
+  h->npart += n;
+  const char *rest = floor_answer(h, reply, ctx, h->part, h->part + h->npart);
+  h->npart = (size_t)(h->part + h->npart - rest);
+  memmove(h->part, rest, h->npart);
 }
 
 static int floor_listener(unsigned port, int type_flags) {

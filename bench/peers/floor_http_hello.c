@@ -49,11 +49,10 @@ enum { OP_ACCEPT = 0, OP_RECV = 1, OP_SEND = 2, OP_QUIET = 3, OP_MASK = 3 };
 
 struct conn {
   int fd;
-  char *part; /* the start of a head that came in pieces (PART_MAX) */
-  size_t npart;
+  struct floor_heads h;
+  struct worker *w;
   bool recv_on;   /* the multishot receive is armed */
   unsigned sends; /* sends in the ring */
-  bool closing;   /* answered with a close: no more replies */
 };
 
 struct worker {
@@ -106,49 +105,14 @@ static void finish(struct worker *w, struct conn *c) {
   struct io_uring_sqe *sqe = sqe_of(&w->ring);
   io_uring_prep_close(sqe, c->fd);
   io_uring_sqe_set_data64(sqe, OP_QUIET);
-  free(c->part);
+  free(c->h.part);
   free(c);
 }
 
-/* Answers every complete head in [p, p + n); returns where the first
- * incomplete one starts (end: none). */
-static const char *answer(struct worker *w, struct conn *c, const char *p,
-                          const char *end) {
-  while (p < end && !c->closing) {
-    const char *h = memmem(p, (size_t)(end - p), "\r\n\r\n", 4);
-    if (!h)
-      return p;
-    if (wants_close(p, h)) {
-      send_static(w, c, resp_close, sizeof(resp_close) - 1);
-      c->closing = true;
-    } else {
-      send_static(w, c, resp_keep, sizeof(resp_keep) - 1);
-    }
-    p = h + 4;
-  }
-  return end;
-}
-
-/* A head that came in pieces (the benchmark's clients send each request
- * in one write, a shell's printf need not) is gathered in c->part. */
-static void on_data(struct worker *w, struct conn *c, const char *p, size_t n) {
-  if (!c->npart) {
-    const char *rest = answer(w, c, p, p + n);
-    n = (size_t)(p + n - rest);
-    p = rest;
-    if (!n)
-      return;
-  }
-  if ((!c->part && !(c->part = malloc(PART_MAX))) || n > PART_MAX - c->npart) {
-    send_static(w, c, resp_400, sizeof(resp_400) - 1);
-    c->closing = true;
-    return;
-  }
-  memcpy(c->part + c->npart, p, n);
-  c->npart += n;
-  const char *rest = answer(w, c, c->part, c->part + c->npart);
-  c->npart = (size_t)(c->part + c->npart - rest);
-  memmove(c->part, rest, c->npart);
+/* floor_on_data's reply: a send from static bytes. */
+static void reply(void *ctx, const char *p, size_t n) {
+  struct conn *c = ctx;
+  send_static(c->w, c, p, n);
 }
 
 static void on_recv(struct worker *w, struct conn *c, int res, unsigned flags) {
@@ -158,14 +122,14 @@ static void on_recv(struct worker *w, struct conn *c, int res, unsigned flags) {
     unsigned bid = flags >> IORING_CQE_BUFFER_SHIFT;
     char *buf = w->bufs + (size_t)bid * BUF_SIZE;
     if (res > 0)
-      on_data(w, c, buf, (size_t)res);
+      floor_on_data(&c->h, reply, c, buf, (size_t)res);
     io_uring_buf_ring_add(w->br, buf, BUF_SIZE, (unsigned short)bid,
                           io_uring_buf_ring_mask(NBUF), 0);
     io_uring_buf_ring_advance(w->br, 1);
   }
   if (res <= 0 && res != -ENOBUFS)
-    c->closing = true; /* end of stream, or an error */
-  if (c->closing)
+    c->h.closing = true; /* end of stream, or an error */
+  if (c->h.closing)
     finish(w, c);
   else if (!c->recv_on)
     arm_recv(w, c); /* out of buffers for a moment: again */
@@ -181,6 +145,7 @@ static void on_cqe(struct worker *w, uint64_t ud, int res, unsigned flags) {
         close(res);
       } else {
         n->fd = res;
+        n->w = w;
         arm_recv(w, n);
       }
     }
@@ -196,8 +161,8 @@ static void on_cqe(struct worker *w, uint64_t ud, int res, unsigned flags) {
   case OP_SEND:
     c->sends--;
     if (res < 0)
-      c->closing = true;
-    if (c->closing)
+      c->h.closing = true;
+    if (c->h.closing)
       finish(w, c);
     break;
   default: /* a shutdown's or a close's result: nothing waits for it */
