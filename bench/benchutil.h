@@ -2,7 +2,9 @@
  * benchutil.h - helpers shared by the benchmarks (bench/NAME.c and
  * examples/seed_strand.c): run a child and capture its stdout, find a peer
  * binary under WEFT_PEER_DIR, read "key":number from a JSON line, take
- * a median, fault a buffer's pages in, and write a distribution's tail.
+ * a median, fault a buffer's pages in, and write a distribution's tail;
+ * the clock, the process's resident bytes, and the scale benchmarks'
+ * random deadlines.
  * Header-only; every function is static inline.
  */
 #ifndef WEFT_BENCHUTIL_H
@@ -16,9 +18,41 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
+
+/* CLOCK_MONOTONIC, in nanoseconds. */
+static inline uint64_t bench_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Resident bytes of this process (/proc/self/statm), or -1. */
+static inline long bench_rss_bytes(void) {
+  FILE *f = fopen("/proc/self/statm", "r");
+  long size, res;
+  int got = f ? fscanf(f, "%ld %ld", &size, &res) : 0;
+  if (f)
+    fclose(f);
+  return got == 2 ? res * sysconf(_SC_PAGESIZE) : -1;
+}
+
+/* bench/scale's and its peers' deadlines: between 1 s and 1 h ahead, from
+ * a xorshift64 (13, 7, 17) whose state starts at BENCH_SCALE_SEED, so that
+ * every program draws the same sequence (asio_scale.cpp, in C++, has its
+ * own copy). */
+#define BENCH_SCALE_SEED 0x9E3779B97F4A7C15u
+static inline uint64_t bench_scale_deadline_ns(uint64_t *state) {
+  uint64_t x = *state;
+  x ^= x << 13;
+  x ^= x >> 7;
+  x ^= x << 17;
+  *state = x;
+  return 1000000000u + x % (3600000000000u - 1000000000u);
+}
 
 /* Writes a byte of each page of p[0..n), so that a benchmark's first
  * writes into a large buffer do not fault pages in while it measures. Not

@@ -77,12 +77,6 @@
 
 #define WATCHDOG_NS (60ull * 1000000000ull)
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* One poster's counter, written by the handlers (on any worker), read by
  * its poster (the in-flight bound) and by the main thread. A line each. */
 struct line {
@@ -134,13 +128,13 @@ static _Atomic bool all_done;
 static void count_one(struct line *l) {
   uint64_t n = atomic_fetch_add_explicit(&l->ran, 1, memory_order_release);
   if (n + 1 == l->target)
-    atomic_store_explicit(&l->done_ns, now_ns(), memory_order_release);
+    atomic_store_explicit(&l->done_ns, bench_now_ns(), memory_order_release);
 }
 
 static void plain(void *arg) { count_one(arg); }
 
 static void sampled(void *arg) {
-  uint64_t t = now_ns();
+  uint64_t t = bench_now_ns();
   struct sample *s = arg;
   s->ran_ns = t;
   count_one(s->line);
@@ -177,7 +171,7 @@ static void *poster_main(void *arg) {
     int r;
     if (--left == 0) {
       left = every;
-      s->posted_ns = now_ns();
+      s->posted_ns = bench_now_ns();
       r = weft_post_rt(rt, sampled, s++);
     } else {
       r = weft_post_rt(rt, plain, l);
@@ -185,7 +179,7 @@ static void *poster_main(void *arg) {
     if (r)
       fail("weft_post_rt", r);
   }
-  p->finished_ns = now_ns();
+  p->finished_ns = bench_now_ns();
   atomic_fetch_add(&v->finished, 1);
   return NULL;
 }
@@ -196,7 +190,7 @@ static void *watchdog_main(void *arg) {
     struct timespec ts = {0, 100 * 1000000};
     nanosleep(&ts, NULL);
     uint64_t start = atomic_load(&phase_start_ns);
-    if (!start || now_ns() - start < WATCHDOG_NS)
+    if (!start || bench_now_ns() - start < WATCHDOG_NS)
       continue;
     struct variant *v = atomic_load(&current);
     fprintf(stderr, "outside_posts: watchdog: a variant is not done 60 s "
@@ -249,7 +243,7 @@ static void sleep_us(long us) {
 static void measure(unsigned workers, unsigned threads, uint64_t per_thread,
                     unsigned every, uint64_t inflight, unsigned *used,
                     struct result *res) {
-  atomic_store(&phase_start_ns, now_ns());
+  atomic_store(&phase_start_ns, bench_now_ns());
   weft_config cfg;
   weft_config_init(&cfg);
   cfg.workers = workers;
@@ -308,7 +302,8 @@ static void measure(unsigned workers, unsigned threads, uint64_t per_thread,
   while (atomic_load(&v.ready) < threads)
     sleep_us(100);
   long sw0 = others_switches();
-  v.t0 = now_ns(); /* every poster waits at the barrier: this releases it */
+  v.t0 =
+      bench_now_ns(); /* every poster waits at the barrier: this releases it */
   pthread_barrier_wait(&v.go);
 
   uint64_t end = 0;

@@ -43,7 +43,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "benchutil.h"
@@ -56,12 +55,6 @@
 #define TIMER_CHUNK 1000
 #define CYCLE_OPS 1000000
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static void check(int r, const char *what) {
   if (r) {
     fprintf(stderr, "scale: %s: %s\n", what, weft_strerror(r));
@@ -69,30 +62,20 @@ static void check(int r, const char *what) {
   }
 }
 
-/* Resident bytes of this process. */
+/* Resident bytes of this process, once what earlier phases freed but
+ * glibc kept resident is given back (else the next phase would reuse it
+ * unseen; the peers do the same). */
 static double rss_bytes(void) {
-  /* What earlier phases freed but glibc kept resident would be reused
-   * unseen by the next: given back first (the peers do the same). */
   malloc_trim(0);
-  FILE *f = fopen("/proc/self/statm", "r");
-  long size, res;
-  if (!f || fscanf(f, "%ld %ld", &size, &res) != 2) {
+  long r = bench_rss_bytes();
+  if (r < 0) {
     fprintf(stderr, "scale: cannot read /proc/self/statm\n");
     exit(1);
   }
-  fclose(f);
-  return (double)res * (double)sysconf(_SC_PAGESIZE);
+  return (double)r;
 }
 
-static uint64_t rng = 0x9E3779B97F4A7C15u;
-
-/* Between 1 s and 1 h, from a fixed-seed xorshift64 (the peers' too). */
-static uint64_t random_deadline_ns(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return 1000000000u + rng % (3600000000000u - 1000000000u);
-}
+static uint64_t rng = BENCH_SCALE_SEED;
 
 static weft_rt *rt;
 static weft_strand **strands;
@@ -134,7 +117,8 @@ static void churn(long i) {
 
 static void timer_arm(long i) {
   check(weft_timer_create(rt, NULL, &timers[i]), "weft_timer_create");
-  check(weft_timer_start(timers[i], random_deadline_ns(), 0, never, NULL),
+  check(weft_timer_start(timers[i], bench_scale_deadline_ns(&rng), 0, never,
+                         NULL),
         "weft_timer_start");
 }
 
@@ -147,8 +131,8 @@ static void timer_cancel(long i) {
 }
 
 static void timer_restart(long i) {
-  check(weft_timer_start(timers[(base + i) % npending], random_deadline_ns(), 0,
-                         never, NULL),
+  check(weft_timer_start(timers[(base + i) % npending],
+                         bench_scale_deadline_ns(&rng), 0, never, NULL),
         "weft_timer_start");
 }
 
@@ -167,7 +151,7 @@ struct loop {
 
 static void drive(void *arg) {
   struct loop *l = arg;
-  uint64_t a = now_ns();
+  uint64_t a = bench_now_ns();
   if (!l->t0)
     l->t0 = a;
   if (l->next < l->n) {
@@ -175,7 +159,7 @@ static void drive(void *arg) {
     for (long i = l->next; i < end; i++)
       l->op(i);
     l->next = end;
-    l->busy += now_ns() - a;
+    l->busy += bench_now_ns() - a;
   } else if (atomic_load_explicit(&ran, memory_order_relaxed) >= l->await) {
     l->wall = a - l->t0;
     sem_post(&l->done);

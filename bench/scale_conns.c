@@ -100,12 +100,6 @@
 #define STRAGGLER_S 5    /* wait for responses after the last send */
 #define MAX_SLABS 1024
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* ---- what the two processes share (one MAP_SHARED mapping) ------------- */
 
 enum { CMD_NONE, CMD_CONNECT, CMD_KA, CMD_CLOSE };
@@ -147,15 +141,6 @@ static bool read_text(const char *path, char *buf, size_t size) {
 static long read_long(const char *path) {
   char buf[64];
   return read_text(path, buf, sizeof(buf)) ? atol(buf) : -1;
-}
-
-static long rss_bytes(void) {
-  char buf[128];
-  long size = 0, res = 0;
-  if (!read_text("/proc/self/statm", buf, sizeof(buf)) ||
-      sscanf(buf, "%ld %ld", &size, &res) != 2)
-    return -1;
-  return res * sysconf(_SC_PAGESIZE);
 }
 
 /* A /proc/meminfo field, in bytes; -1 if absent. */
@@ -301,7 +286,7 @@ static void on_close(void *data, weft_tcp *c) {
   (void)data;
   (void)c;
   if (atomic_fetch_add(&g_closed, 1) + 1 == g_n)
-    atomic_store(&g_t_closed, now_ns());
+    atomic_store(&g_t_closed, bench_now_ns());
 }
 
 static void on_read(void *arg, weft_tcp *c, long n) {
@@ -327,9 +312,9 @@ static void on_accept(void *arg, weft_tcp *c) {
   (void)arg;
   long i = atomic_fetch_add(&g_sh->accepted, 1);
   if (i + 1 == g_half)
-    atomic_store(&g_sh->t_half, now_ns());
+    atomic_store(&g_sh->t_half, bench_now_ns());
   if (i + 1 == g_n)
-    atomic_store(&g_sh->t_all, now_ns());
+    atomic_store(&g_sh->t_all, bench_now_ns());
   if (i >= g_n) { /* more than asked for: not ours */
     weft_tcp_close(c, 1);
     return;
@@ -390,7 +375,7 @@ static bool ka_send(int ep, const int *fds, uint8_t *mark, uint8_t sec_mark,
   static const char req[REQ_SIZE] = "keep-alive req\n";
   reqs[r].conn = (int)i;
   reqs[r].got = 0;
-  reqs[r].sent = now_ns();
+  reqs[r].sent = bench_now_ns();
   struct epoll_event ev = {.events = EPOLLIN, .data.u32 = r};
   if (write(fds[i], req, REQ_SIZE) != REQ_SIZE ||
       epoll_ctl(ep, EPOLL_CTL_ADD, fds[i], &ev) < 0)
@@ -412,11 +397,11 @@ static void keep_alive(const int *fds, long n, double seconds, bool burst) {
   }
   bool pwait2 = true;
   long sent = 0, done = 0, nlat = 0, errors = 0;
-  uint64_t t0 = now_ns(), period = 1000000000u;
+  uint64_t t0 = bench_now_ns(), period = 1000000000u;
   uint64_t end = t0 + (uint64_t)secs * period + STRAGGLER_S * period;
   struct epoll_event evs[256];
   while (done < total) {
-    uint64_t now = now_ns();
+    uint64_t now = bench_now_ns();
     /* at most 64 sends, then look at the responses */
     for (int k = 0; k < 64 && sent < total; k++) {
       long sec = sent / per_s, j = sent % per_s;
@@ -458,7 +443,7 @@ static void keep_alive(const int *fds, long n, double seconds, bool burst) {
       client_fail("epoll_wait", errno);
       break;
     }
-    uint64_t t = now_ns();
+    uint64_t t = bench_now_ns();
     for (int e = 0; e < got; e++) {
       struct req *rq = &reqs[evs[e].data.u32];
       int fd = fds[rq->conn];
@@ -508,7 +493,7 @@ static int client(long window, double seconds, bool burst) {
                             .sin_port = htons((uint16_t)g_sh->port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   long nsrc = (n + PER_SRC_IP - 1) / PER_SRC_IP;
-  uint64_t t0 = now_ns(), last_move = t0;
+  uint64_t t0 = bench_now_ns(), last_move = t0;
   long opened = 0, seen = 0;
   atomic_store(&g_sh->t_first, t0);
   for (; opened < n; opened++) {
@@ -518,11 +503,11 @@ static int client(long window, double seconds, bool burst) {
           return 1;
         usleep(1000);
       }
-      atomic_store(&g_sh->t_resume, now_ns());
+      atomic_store(&g_sh->t_resume, bench_now_ns());
     }
     long acc;
     while (opened - (acc = atomic_load(&g_sh->accepted)) >= window) {
-      uint64_t t = now_ns();
+      uint64_t t = bench_now_ns();
       if (acc != seen) {
         seen = acc;
         last_move = t;
@@ -568,7 +553,7 @@ static int client(long window, double seconds, bool burst) {
   }
   if (!wait_cmd(CMD_CLOSE))
     return 1;
-  atomic_store(&g_sh->t_close, now_ns());
+  atomic_store(&g_sh->t_close, bench_now_ns());
   struct linger lg = {1, 0}; /* reset: no TIME_WAIT */
   for (long i = 0; i < opened; i++) {
     setsockopt(fds[i], SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
@@ -654,7 +639,7 @@ static int g_child_status;
 static bool wait_for(pid_t child, bool (*done)(void), long (*progress)(void),
                      const char *what) {
   long last = progress();
-  uint64_t moved = now_ns(), said = moved;
+  uint64_t moved = bench_now_ns(), said = moved;
   while (!done()) {
     if (!g_reaped && waitpid(child, &g_child_status, WNOHANG) == child)
       g_reaped = true;
@@ -664,7 +649,7 @@ static bool wait_for(pid_t child, bool (*done)(void), long (*progress)(void),
     }
     if (atomic_load(&g_sh->state) == CL_FAILED)
       return false;
-    uint64_t t = now_ns();
+    uint64_t t = bench_now_ns();
     long p = progress();
     if (p != last) {
       last = p;
@@ -819,7 +804,7 @@ int main(int argc, char **argv) {
   struct kmem k0, k1;
   kmem_read(&k0);
   uint64_t stalls0 = stalls(rt);
-  long rss0 = rss_bytes();
+  long rss0 = bench_rss_bytes();
 
   /* N/2 connections, a reading, then the rest */
   atomic_store(&g_sh->target, g_half);
@@ -828,7 +813,7 @@ int main(int argc, char **argv) {
   long rss_half = 0;
   if (ok && g_half < n) {
     usleep(300000);
-    rss_half = rss_bytes();
+    rss_half = bench_rss_bytes();
     atomic_store(&g_sh->target, n);
     ok = wait_for(child, all_accepted, accepted_now, "accepting");
   }
@@ -857,7 +842,7 @@ int main(int argc, char **argv) {
     usleep(1000);
   usleep(500000); /* let the last reads be armed */
 
-  long rss1 = rss_bytes();
+  long rss1 = bench_rss_bytes();
   kmem_read(&k1);
   have_slabs = have_slabs && slabs_read(&g_slab1);
   for (size_t k = 0; k < N_NETSTAT; k++)
@@ -910,7 +895,7 @@ int main(int argc, char **argv) {
 
   atomic_store(&g_sh->cmd, CMD_KA);
   wait_for(child, client_ka_done, served_now, "keep-alive");
-  long rss2 = rss_bytes();
+  long rss2 = bench_rss_bytes();
   uint64_t stalls2 = stalls(rt);
   printf("keep-alive: %ld requests (%ld a second, %s), %ld errors, served "
          "%ld; p50 %.1f us, p99 %.1f us, max %.1f us; RSS %+.1f bytes a "
@@ -927,7 +912,7 @@ int main(int argc, char **argv) {
           ? (double)(atomic_load(&g_t_closed) - atomic_load(&g_sh->t_close)) /
                 1e9
           : -1;
-  long rss3 = rss_bytes();
+  long rss3 = bench_rss_bytes();
   weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN);
   weft_rt_destroy(rt);
   if (!g_reaped)

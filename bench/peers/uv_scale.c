@@ -42,6 +42,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../benchutil.h"
+
 #define CYCLE_OPS 1000000u /* cancels (and starts) per pending count */
 #define NSIZES 3
 
@@ -50,12 +52,6 @@ static const uint64_t sizes[NSIZES] = {1000, 100000, 1000000};
 static const char *const size_names[NSIZES] = {"1e3", "1e5", "1e6"};
 
 static uint64_t fired, closed;
-
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 static void die(const char *what, int r) {
   fprintf(stderr, "uv_scale: %s: %s\n", what, uv_strerror(r));
@@ -72,28 +68,16 @@ static void trim(void) {
 
 /* Resident bytes of this process. */
 static double rss_bytes(void) {
-  FILE *f = fopen("/proc/self/statm", "r");
-  long size, res;
-  int got = f ? fscanf(f, "%ld %ld", &size, &res) : 0;
-  if (f)
-    fclose(f);
-  if (got != 2) {
+  long r = bench_rss_bytes();
+  if (r < 0) {
     fprintf(stderr, "uv_scale: cannot read /proc/self/statm\n");
     exit(1);
   }
-  return (double)res * (double)sysconf(_SC_PAGESIZE);
+  return (double)r;
 }
 
-/* Between 1 s and 1 h ahead, from a fixed-seed xorshift64 (13, 7, 17): the
- * same sequence as weft's bench/scale.c and asio_scale.cpp draw. */
-static uint64_t rng = 0x9E3779B97F4A7C15u;
-
-static uint64_t random_deadline_ns(void) {
-  rng ^= rng << 13;
-  rng ^= rng >> 7;
-  rng ^= rng << 17;
-  return 1000000000u + rng % (3600000000000u - 1000000000u);
-}
+/* The same deadlines as weft's bench/scale.c and asio_scale.cpp draw. */
+static uint64_t rng = BENCH_SCALE_SEED;
 
 static void on_timer(uv_timer_t *h) {
   (void)h;
@@ -106,7 +90,8 @@ static void on_close(uv_handle_t *h) {
 }
 
 static void start(uv_timer_t *t) {
-  int r = uv_timer_start(t, on_timer, random_deadline_ns() / 1000000u, 0);
+  int r =
+      uv_timer_start(t, on_timer, bench_scale_deadline_ns(&rng) / 1000000u, 0);
   if (r)
     die("uv_timer_start", r);
 }
@@ -168,13 +153,13 @@ int main(int argc, char **argv) {
 
     uint64_t cancel = 0, restart = 0, ops = 0, base = 0;
     for (; ops < CYCLE_OPS; ops += window) {
-      uint64_t t0 = now_ns();
+      uint64_t t0 = bench_now_ns();
       for (uint64_t i = 0; i < window; i++)
         uv_timer_stop(&timers[(base + i) % p]);
-      uint64_t t1 = now_ns();
+      uint64_t t1 = bench_now_ns();
       for (uint64_t i = 0; i < window; i++)
         start(&timers[(base + i) % p]);
-      uint64_t t2 = now_ns();
+      uint64_t t2 = bench_now_ns();
       cancel += t1 - t0;
       restart += t2 - t1;
       base = (base + window) % p;
