@@ -37,6 +37,8 @@
 
 #include <asio.hpp>
 
+#include "peer_args.h"
+
 #include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>
@@ -282,19 +284,6 @@ void usage(std::FILE *f, const char *argv0) {
                argv0);
 }
 
-bool parse_u64(const char *s, std::uint64_t lo, std::uint64_t hi,
-               std::uint64_t *out) {
-  if (s == nullptr || *s < '0' || *s > '9')
-    return false;
-  char *end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi)
-    return false;
-  *out = v;
-  return true;
-}
-
 // Returns 0 to run, 1 after --help, 2 on a bad flag (message printed).
 int parse_args(int argc, char **argv, options *o) {
   // Every flag but --help takes a value: two arguments at a time.
@@ -307,15 +296,15 @@ int parse_args(int argc, char **argv, options *o) {
     const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
     bool ok = false;
     if (name == "--workers")
-      ok = parse_u64(v, 1, 256, &o->workers);
+      ok = peer::parse_u64(v, 1, 256, &o->workers);
     else if (name == "--threads")
-      ok = parse_u64(v, 1, 1024, &o->threads);
+      ok = peer::parse_u64(v, 1, 1024, &o->threads);
     else if (name == "--posts")
-      ok = parse_u64(v, 1, 100000000, &o->posts);
+      ok = peer::parse_u64(v, 1, 100000000, &o->posts);
     else if (name == "--every")
-      ok = parse_u64(v, 1, 1000000, &o->every);
+      ok = peer::parse_u64(v, 1, 1000000, &o->every);
     else if (name == "--inflight")
-      ok = parse_u64(v, 16, 100000000, &o->inflight);
+      ok = peer::parse_u64(v, 16, 100000000, &o->inflight);
     if (!ok) {
       std::fprintf(stderr, "%s: bad or unknown argument '%s'\n", argv[0],
                    argv[i]);

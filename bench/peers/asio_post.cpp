@@ -23,6 +23,8 @@
 
 #include <asio.hpp>
 
+#include "peer_args.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -60,32 +62,12 @@ void usage(std::FILE *f, const char *argv0) {
                argv0);
 }
 
-bool parse_u64(const char *s, std::uint64_t lo, std::uint64_t hi,
-               std::uint64_t *out) {
-  if (s == nullptr || *s == '\0' || *s == '-' || *s == '+')
-    return false;
-  char *end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi)
-    return false;
-  *out = v;
-  return true;
-}
-
 // Returns 0 to run, 1 after --help, 2 on a bad flag (message printed).
 int parse_args(int argc, char **argv, options *o) {
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string name = arg;
-    const char *value = nullptr;
-    bool inline_value = false;
-    if (auto eq = arg.find('=');
-        arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = argv[i] + eq + 1;
-      inline_value = true;
-    }
+    const peer::arg a(i, argv);
+    const std::string &name = a.name;
+    const bool inline_value = a.inline_value;
     const char *v = nullptr;
     if (name == "--help" || name == "-h") {
       if (!inline_value) {
@@ -94,17 +76,18 @@ int parse_args(int argc, char **argv, options *o) {
       }
     } else if (name == "--iterations" || name == "--samples" ||
                name == "--sleep-us") {
-      v = inline_value ? value : (i + 1 < argc ? argv[++i] : nullptr);
+      v = a.value_of(argc, argv, &i);
       std::uint64_t x = 0;
-      if (name == "--iterations" && parse_u64(v, 1, 1000000000000ULL, &x)) {
+      if (name == "--iterations" &&
+          peer::parse_u64(v, 1, 1000000000000ULL, &x)) {
         o->iterations = x;
         continue;
       }
-      if (name == "--samples" && parse_u64(v, 1, 10000000, &x)) {
+      if (name == "--samples" && peer::parse_u64(v, 1, 10000000, &x)) {
         o->samples = static_cast<unsigned>(x);
         continue;
       }
-      if (name == "--sleep-us" && parse_u64(v, 0, 1000000, &x)) {
+      if (name == "--sleep-us" && peer::parse_u64(v, 0, 1000000, &x)) {
         o->sleep_us = static_cast<unsigned>(x);
         continue;
       }

@@ -61,6 +61,8 @@
 
 #include <asio.hpp>
 
+#include "peer_args.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -105,32 +107,12 @@ void usage(std::FILE *f, const char *argv0) {
                argv0);
 }
 
-bool parse_u64(const char *s, std::uint64_t lo, std::uint64_t hi,
-               std::uint64_t *out) {
-  if (s == nullptr || *s == '\0' || *s == '-' || *s == '+')
-    return false;
-  char *end = nullptr;
-  errno = 0;
-  unsigned long long v = std::strtoull(s, &end, 10);
-  if (errno != 0 || *end != '\0' || v < lo || v > hi)
-    return false;
-  *out = v;
-  return true;
-}
-
 // Returns 0 to run, 1 after --help, 2 on a bad flag (message printed).
 int parse_args(int argc, char **argv, options *o) {
   for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string name = arg;
-    const char *value = nullptr;
-    bool inline_value = false;
-    if (auto eq = arg.find('=');
-        arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = argv[i] + eq + 1;
-      inline_value = true;
-    }
+    const peer::arg a(i, argv);
+    const std::string &name = a.name;
+    const bool inline_value = a.inline_value;
     if (!inline_value && (name == "--help" || name == "-h")) {
       usage(stdout, argv[0]);
       return 1;
@@ -144,11 +126,11 @@ int parse_args(int argc, char **argv, options *o) {
       continue;
     }
     if (name == "--strands" || name == "--timers") {
-      const char *v =
-          inline_value ? value : (i + 1 < argc ? argv[++i] : nullptr);
-      if (name == "--strands" && parse_u64(v, 1, 100000000, &o->strands))
+      const char *v = a.value_of(argc, argv, &i);
+      if (name == "--strands" && peer::parse_u64(v, 1, 100000000, &o->strands))
         continue;
-      if (name == "--timers" && parse_u64(v, 1000, 1000000000, &o->timers))
+      if (name == "--timers" &&
+          peer::parse_u64(v, 1000, 1000000000, &o->timers))
         continue;
       std::fprintf(stderr, "%s: bad value '%s' for %s\n", argv[0], v ? v : "",
                    name.c_str());
