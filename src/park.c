@@ -21,6 +21,8 @@
  * and wakes a sleeper. Only the last searcher needs that recheck: while a
  * searcher exists producers rely on it, and it rechecks when it parks.
  * Running threads need no wakeup: they look at their queues before parking.
+ * So with one shard, a push onto its ring by the thread holding it, the
+ * one thread that may run that ring, calls no notify_parked (shard.c).
  *
  * Shutdown completes when closing is set, every thread is parked, nothing
  * outside the run loop is busy (a post from outside in progress, a handler
