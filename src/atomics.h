@@ -1,8 +1,11 @@
 /*
  * atomics.h - the thin layer every atomic operation and every wait of weft
- * goes through. Today each macro is the C11 operation it names; a later
- * deterministic schedule explorer can redefine them to yield at each one and
- * so drive every interleaving of the queues and of the park protocol.
+ * goes through. Each macro is the C11 operation it names. In the model
+ * build (WEFT_MODEL, tests/model/ only) each one first calls the schedule
+ * explorer, which may switch to another simulated thread there, so a test
+ * drives the interleavings of the real queues and locks one atomic step at
+ * a time; weft__cpu_relax is a spin that hands the turn on. Outside that
+ * build the macros expand to the bare operations: nothing to pay.
  */
 #ifndef WEFT_ATOMICS_H
 #define WEFT_ATOMICS_H
@@ -16,22 +19,39 @@
 #define WA_AR memory_order_acq_rel
 #define WA_SC memory_order_seq_cst
 
-#define weft__load(p, mo) atomic_load_explicit((p), mo)
-#define weft__store(p, v, mo) atomic_store_explicit((p), (v), mo)
-#define weft__xchg(p, v, mo) atomic_exchange_explicit((p), (v), mo)
+#ifdef WEFT_MODEL
+/* tests/model/model.c: a point where the explorer may switch threads, and
+ * a spin, where it must if another thread can run. */
+void weft__model_point(const char *file, int line);
+void weft__model_spin(const char *file, int line);
+#define WEFT__MP(op) (weft__model_point(__FILE__, __LINE__), op)
+#else
+#define WEFT__MP(op) (op)
+#endif
+
+#define weft__load(p, mo) WEFT__MP(atomic_load_explicit((p), mo))
+#define weft__store(p, v, mo) WEFT__MP(atomic_store_explicit((p), (v), mo))
+#define weft__xchg(p, v, mo) WEFT__MP(atomic_exchange_explicit((p), (v), mo))
 #define weft__cas(p, expp, v, mos, mof)                                        \
-  atomic_compare_exchange_strong_explicit((p), (expp), (v), mos, mof)
-#define weft__fetch_add(p, v, mo) atomic_fetch_add_explicit((p), (v), mo)
-#define weft__fetch_sub(p, v, mo) atomic_fetch_sub_explicit((p), (v), mo)
-#define weft__fetch_or(p, v, mo) atomic_fetch_or_explicit((p), (v), mo)
-#define weft__fetch_and(p, v, mo) atomic_fetch_and_explicit((p), (v), mo)
-#define weft__fence(mo) atomic_thread_fence(mo)
+  WEFT__MP(atomic_compare_exchange_strong_explicit((p), (expp), (v), mos, mof))
+#define weft__fetch_add(p, v, mo)                                              \
+  WEFT__MP(atomic_fetch_add_explicit((p), (v), mo))
+#define weft__fetch_sub(p, v, mo)                                              \
+  WEFT__MP(atomic_fetch_sub_explicit((p), (v), mo))
+#define weft__fetch_or(p, v, mo)                                               \
+  WEFT__MP(atomic_fetch_or_explicit((p), (v), mo))
+#define weft__fetch_and(p, v, mo)                                              \
+  WEFT__MP(atomic_fetch_and_explicit((p), (v), mo))
+#define weft__fence(mo) WEFT__MP(atomic_thread_fence(mo))
 
 /* A counter written by one thread at a time and read by any: a relaxed load
  * and store, no locked instruction. */
 #define weft__stat_add(p, v)                                                   \
   weft__store((p), weft__load((p), WA_RLX) + (v), WA_RLX)
 
+#ifdef WEFT_MODEL
+#define weft__cpu_relax() weft__model_spin(__FILE__, __LINE__)
+#else
 static inline void weft__cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -39,5 +59,6 @@ static inline void weft__cpu_relax(void) {
   __asm__ __volatile__("yield" ::: "memory");
 #endif
 }
+#endif
 
 #endif

@@ -19,7 +19,9 @@ struct weft__link {
   _Atomic uintptr_t next;
 };
 
+#ifndef WEFT_RUNQ_CAP /* the model tests shrink it, to wrap in a few steps */
 #define WEFT_RUNQ_CAP 256 /* power of two */
+#endif
 
 /* A bounded ring: the owner pushes at the tail and pops at the head,
  * thieves take half from the head; head moves only by CAS. */

@@ -59,12 +59,7 @@
 /* rt.c makes the strand pools' objects one line each */
 _Static_assert(sizeof(weft_strand) <= WEFT_CACHELINE, "a strand fits a line");
 
-#define RELEASED_BIT ((uintptr_t)1)
 #define LINK_SPINS 64
-
-static inline struct weft__node *node_next(struct weft__node *n) {
-  return (struct weft__node *)weft__load(&n->link.next, WA_ACQ);
-}
 
 static struct weft__pool_cache *node_cache(struct weft__shard *sh) {
   return sh ? &sh->cache.node : NULL;
@@ -146,17 +141,8 @@ static void strand_retire(weft_strand *s) {
     s->self_released = true;
     return;
   }
-  uintptr_t t = weft__load(&s->tail, WA_ACQ);
-  for (;;) {
-    if (t == 0) {
-      /* Idle. acquire above (or the failed CAS) orders the last drainer's
-       * accesses before the reclaim. */
-      strand_reclaim(s);
-      return;
-    }
-    if (weft__cas(&s->tail, &t, t | RELEASED_BIT, WA_AR, WA_ACQ))
-      return; /* the drainer reclaims */
-  }
+  if (weft__strand_mark_released(s))
+    strand_reclaim(s);
 }
 
 void weft_strand_release(weft_strand *s) {
@@ -245,14 +231,8 @@ static void strand_push(weft_strand *s, struct weft__shard *local,
     abort();
   }
 #endif
-  weft__store(&n->link.next, 0, WA_RLX);
-  uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
-  if (prev == 0) {
+  if (weft__strand_enqueue(s, n))
     strand_wake(s, local, n, prio);
-  } else {
-    struct weft__node *p = (struct weft__node *)(prev & ~RELEASED_BIT);
-    weft__store(&p->link.next, (uintptr_t)n, WA_REL);
-  }
 }
 
 struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
@@ -424,7 +404,7 @@ static bool timer_due(struct weft__shard *sh) {
 /* Waits a few spins for n's successor to be linked. */
 static struct weft__node *wait_link(struct weft__node *n) {
   for (int i = 0; i < LINK_SPINS; i++) {
-    struct weft__node *next = node_next(n);
+    struct weft__node *next = weft__strand_next(n);
     if (next)
       return next;
     weft__cpu_relax();
@@ -468,23 +448,19 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     else
       lost_ran = ran; /* counted at the end: count() ends our part */
     struct weft__pool_cache *nc = node_cache(sh);
-    struct weft__node *next = node_next(n);
+    struct weft__node *next = weft__strand_next(n);
     if (!next) {
-      uintptr_t expect = (uintptr_t)n;
-      /* Read while s is ours: after the CAS an embedded node's owner may
-       * be freed and reused by the strand's next drainer. */
+      /* Read while s is ours: once idle, an embedded node's owner may be
+       * freed and reused by the strand's next drainer. */
       bool self_released = s->self_released;
       bool embedded = n->embedded;
-      if (weft__cas(&s->tail, &expect, 0, WA_AR, WA_ACQ)) {
+      enum weft__strand_end end = weft__strand_try_idle(s, n);
+      if (end != WEFT_STRAND_CUT) {
         node_release(rt, nc, n, embedded);
-        if (self_released)
-          strand_reclaim(s); /* released: nobody may push any more */
-        break;               /* idle: s is no longer ours */
-      }
-      if (expect == ((uintptr_t)n | RELEASED_BIT)) {
-        node_release(rt, nc, n, embedded);
-        strand_reclaim(s);
-        break;
+        /* idle and self-released: nobody may push any more */
+        if (end == WEFT_STRAND_RECLAIM || self_released)
+          strand_reclaim(s);
+        break; /* s is no longer ours */
       }
       next = wait_link(n);
       if (!next) {

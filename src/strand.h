@@ -58,6 +58,57 @@ struct weft_strand {
   _Atomic uint32_t refs;
 };
 
+/* The queue's protocol, the steps strand.c's argument is about; here, so
+ * that the model tests (tests/model/) drive the same code. */
+#define WEFT_STRAND_RELEASED ((uintptr_t)1) /* tail bit: released */
+
+/* Any thread: queues n on s. True: s was idle and this caller alone made
+ * it busy, so it must schedule s with n at its head. */
+static inline bool weft__strand_enqueue(weft_strand *s, struct weft__node *n) {
+  weft__store(&n->link.next, 0, WA_RLX);
+  uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
+  if (prev == 0)
+    return true;
+  struct weft__node *p = (struct weft__node *)(prev & ~WEFT_STRAND_RELEASED);
+  weft__store(&p->link.next, (uintptr_t)n, WA_REL);
+  return false;
+}
+
+/* The drainer: n's successor, or NULL if none is linked yet. */
+static inline struct weft__node *weft__strand_next(struct weft__node *n) {
+  return (struct weft__node *)weft__load(&n->link.next, WA_ACQ);
+}
+
+enum weft__strand_end {
+  WEFT_STRAND_IDLE,    /* s is idle and no longer the drainer's */
+  WEFT_STRAND_RECLAIM, /* s is released and drained: the drainer reclaims */
+  WEFT_STRAND_CUT      /* a push exchanged the tail but has not linked yet */
+};
+
+/* The drainer ran n and found no successor linked. */
+static inline enum weft__strand_end
+weft__strand_try_idle(weft_strand *s, struct weft__node *n) {
+  uintptr_t expect = (uintptr_t)n;
+  if (weft__cas(&s->tail, &expect, 0, WA_AR, WA_ACQ))
+    return WEFT_STRAND_IDLE;
+  if (expect == ((uintptr_t)n | WEFT_STRAND_RELEASED))
+    return WEFT_STRAND_RECLAIM;
+  return WEFT_STRAND_CUT;
+}
+
+/* The release proper, by a thread that is not s's drainer, once no
+ * reference is left. True: s is idle and the caller reclaims it now (the
+ * acquire orders the last drainer's accesses before); false: marked, and
+ * the drainer reclaims it when it drains. */
+static inline bool weft__strand_mark_released(weft_strand *s) {
+  uintptr_t t = weft__load(&s->tail, WA_ACQ);
+  while (t != 0) {
+    if (weft__cas(&s->tail, &t, t | WEFT_STRAND_RELEASED, WA_AR, WA_ACQ))
+      return false;
+  }
+  return true;
+}
+
 /* Whether s may take posts (not released, not reclaimed while the debug
  * build keeps its memory): a check for the API's -EBADF. */
 static inline bool weft__strand_live(const weft_strand *s) {
