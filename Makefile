@@ -21,6 +21,11 @@
 #                   build-tsan/ (gcc, TSan, RelWithDebInfo); the tests and
 #                   examples only (deps: cmocka, clang, python3)
 #   make test-release | test-asan | test-tsan    one of them
+#   make model      the model tests' long exploration: build/ as make
+#                   test-release builds it, then each lock-free part under
+#                   MODEL_RUNS random and PCT schedules and every schedule
+#                   with at most MODEL_DFS preemptions (up to MODEL_DFS_MAX),
+#                   and each broken variant caught (tests/model/)
 #   make bench      build the benchmarks and peers, then run every benchmark
 #                   in build/bench/ (deps: everything, tools/deps.sh bench)
 #   make bench-net  the same build, then run bench/net: HTTP servers and a
@@ -62,6 +67,9 @@ CTEST_ARGS ?=
 BENCH_SKIP ?= *helper* _*
 BENCH_NET_ARGS ?=
 BENCH_REPORT_ARGS ?=
+MODEL_RUNS ?= 100000
+MODEL_DFS ?= 3
+MODEL_DFS_MAX ?= 5000000
 
 WEFT_ASAN_OPTIONS ?= detect_leaks=1:halt_on_error=1:abort_on_error=0
 WEFT_UBSAN_OPTIONS ?= halt_on_error=1:print_stacktrace=1
@@ -91,7 +99,7 @@ TSAN_ARGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread \
              -DWEFT_TEST_SCALE=16
 
 .PHONY: all deps build build-bench demo test test-release test-asan \
-        test-tsan bench bench-net bench-report reference format format-check \
+        test-tsan model bench bench-net bench-report reference format format-check \
         install clean
 
 all: build
@@ -141,6 +149,16 @@ test-tsan:
 	@$(call configure,build-tsan,gcc,g++,$(TSAN_ARGS) $(TEST_PARTS))
 	cd build-tsan && TSAN_OPTIONS=$(WEFT_TSAN_OPTIONS) \
 	  ../tools/san-exec.sh thread gcc $(CTEST_RUN)
+
+model:
+	@sh tools/deps.sh test
+	@$(call configure,build,gcc,g++,$(RELEASE_ARGS) $(TEST_PARTS))
+	@set -e; for t in build/tests/model/test_model_*; do \
+	  [ -x "$$t" ] || continue; echo "+ $$t"; \
+	  "$$t" --runs=$(MODEL_RUNS) --dfs=$(MODEL_DFS) \
+	    --dfs-max=$(MODEL_DFS_MAX); \
+	done
+	cd build && $(CTEST) --output-on-failure -R '^model_'
 
 bench:
 	@sh tools/deps.sh bench

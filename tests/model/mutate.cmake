@@ -1,0 +1,28 @@
+# mutate.cmake: writes OUT, a copy of IN with one edit, as MUTANT says:
+# the text between its "@@ from" and "@@ to" lines, found exactly once in
+# IN, is replaced by the text after "@@ to". Fails if the text is not in IN
+# once, so a broken variant never silently turns into the real code.
+#   cmake -DMUTANT=m.mutant -DIN=src/x.c -DOUT=build/x.c -P mutate.cmake
+file(READ ${MUTANT} m)
+string(FIND "${m}" "\n@@ from\n" a)
+string(FIND "${m}" "\n@@ to\n" b)
+if(a LESS 0 OR b LESS a)
+  message(FATAL_ERROR "${MUTANT}: want an '@@ from' then an '@@ to' line")
+endif()
+math(EXPR from_start "${a} + 9")
+math(EXPR from_len "${b} + 1 - ${from_start}")
+math(EXPR to_start "${b} + 7")
+string(SUBSTRING "${m}" ${from_start} ${from_len} from)
+string(SUBSTRING "${m}" ${to_start} -1 to)
+file(READ ${IN} src)
+string(FIND "${src}" "${from}" first)
+string(FIND "${src}" "${from}" last REVERSE)
+if(first LESS 0)
+  message(FATAL_ERROR "${MUTANT}: its '@@ from' text is not in ${IN}: "
+                      "update the mutant to the source")
+endif()
+if(NOT first EQUAL last)
+  message(FATAL_ERROR "${MUTANT}: its '@@ from' text is in ${IN} twice")
+endif()
+string(REPLACE "${from}" "${to}" out "${src}")
+file(WRITE ${OUT} "${out}")
