@@ -49,6 +49,7 @@
 #define TAIL_STEPS 48 /* steps printed with a failure */
 #define DFS_MAX_DEPTH 100000
 #define LOG_CAP 200000
+#define FAIR_STEPS 200 /* steps in a row before a thread hands on */
 
 enum fstate { F_RUN, F_SLEEP, F_DONE };
 enum kind { K_POINT, K_SPIN, K_GONE, K_START };
@@ -80,6 +81,8 @@ static struct {
   const struct model_case *c;
   struct fiber f[MODEL_MAX_THREADS];
   int cur; /* -1: the explorer's own stack */
+  int last_runner;
+  uint64_t run_len; /* steps last_runner made in a row */
   ucontext_t main;
   void *main_bottom;
   size_t main_size;
@@ -214,7 +217,7 @@ static int choose(enum kind kind) {
       if (M.f[i].state == F_SLEEP)
         model_fail(__FILE__, __LINE__,
                    "deadlock: every thread left (thread %u first) sleeps on "
-                   "a futex that nobody will wake: a lost wakeup",
+                   "a futex or mutex that nobody will wake: a lost wakeup",
                    i);
     return -1; /* all done */
   }
@@ -243,6 +246,17 @@ static int choose(enum kind kind) {
 }
 
 static void step(const char *file, int line, enum kind kind) {
+  /* Fairness: a thread that ran FAIR_STEPS steps in a row while others
+   * could run hands the turn on as at a spin. A loop that retries without
+   * pausing (a trylock that failed, a self-wake) waits on another thread,
+   * which a real scheduler runs soon; strict priorities (pct) or the
+   * schedule without preemptions (dfs) would never run it. */
+  if (M.cur != M.last_runner) {
+    M.last_runner = M.cur;
+    M.run_len = 0;
+  }
+  if (++M.run_len > FAIR_STEPS && kind == K_POINT)
+    kind = K_SPIN;
   log_step(file, line, kind);
   if (++M.steps > M.max_steps)
     model_fail(file, line, "livelock: no end after %" PRIu64 " steps",
@@ -305,6 +319,80 @@ void weft__model_futex_wake(_Atomic uint32_t *addr, int n, const char *file,
   }
 }
 
+/* Mutexes: the code under test calls these for pthread_mutex_lock, _unlock
+ * and _trylock (-Wl,--wrap: tests/model/CMakeLists.txt). In a run, a
+ * mutex is an owner in this table, and a thread that finds it held sleeps
+ * on its address until the holder unlocks; outside a run, the real calls. */
+int __real_pthread_mutex_lock(pthread_mutex_t *m);
+int __real_pthread_mutex_unlock(pthread_mutex_t *m);
+int __real_pthread_mutex_trylock(pthread_mutex_t *m);
+int __wrap_pthread_mutex_lock(pthread_mutex_t *m);
+int __wrap_pthread_mutex_unlock(pthread_mutex_t *m);
+int __wrap_pthread_mutex_trylock(pthread_mutex_t *m);
+
+#define MAX_MUTEXES 64
+
+static struct {
+  pthread_mutex_t *m;
+  int owner; /* a fiber, or -1 */
+} mtx[MAX_MUTEXES];
+static unsigned nmtx;
+
+static int *mtx_owner(pthread_mutex_t *m) {
+  for (unsigned i = 0; i < nmtx; i++)
+    if (mtx[i].m == m)
+      return &mtx[i].owner;
+  if (nmtx == MAX_MUTEXES)
+    model_fail(__FILE__, __LINE__, "more than %d mutexes", MAX_MUTEXES);
+  mtx[nmtx].m = m;
+  mtx[nmtx].owner = -1;
+  return &mtx[nmtx++].owner;
+}
+
+static bool in_fiber(void) { return M.in_run && M.cur >= 0; }
+
+int __wrap_pthread_mutex_trylock(pthread_mutex_t *m) {
+  if (!in_fiber())
+    return __real_pthread_mutex_trylock(m);
+  step(__FILE__, __LINE__, K_POINT);
+  int *owner = mtx_owner(m);
+  if (*owner >= 0)
+    return EBUSY;
+  *owner = M.cur;
+  return 0;
+}
+
+int __wrap_pthread_mutex_lock(pthread_mutex_t *m) {
+  if (!in_fiber())
+    return __real_pthread_mutex_lock(m);
+  step(__FILE__, __LINE__, K_POINT);
+  int *owner = mtx_owner(m);
+  MODEL_CHECK(*owner != M.cur, "thread %d locks a mutex it holds", M.cur);
+  while (*owner >= 0) {
+    struct fiber *f = &M.f[M.cur];
+    f->state = F_SLEEP;
+    f->futex = (_Atomic uint32_t *)(void *)m;
+    f->deadline = UINT64_MAX;
+    f->sleep_seq = ++M.sleep_seq;
+    switch_to(choose(K_GONE), false);
+    owner = mtx_owner(m);
+  }
+  *owner = M.cur;
+  return 0;
+}
+
+int __wrap_pthread_mutex_unlock(pthread_mutex_t *m) {
+  if (!in_fiber())
+    return __real_pthread_mutex_unlock(m);
+  step(__FILE__, __LINE__, K_POINT);
+  int *owner = mtx_owner(m);
+  MODEL_CHECK(*owner == M.cur, "thread %d unlocks a mutex held by %d", M.cur,
+              *owner);
+  *owner = -1;
+  weft__model_futex_wake((_Atomic uint32_t *)(void *)m, 1, __FILE__, __LINE__);
+  return 0;
+}
+
 void model_fail(const char *file, int line, const char *fmt, ...) {
   if (!M.failed) {
     int off = snprintf(M.msg, sizeof(M.msg), "%s:%d: ", file, line);
@@ -360,7 +448,9 @@ static bool run_once(enum strategy s, uint64_t seed) {
   M.msg[0] = 0;
   M.depth = M.preemptions = 0;
   M.low = 0;
+  M.last_runner = -1;
   M.rng = seed;
+  nmtx = 0;
   c->setup();
   for (unsigned i = 0; i < c->nthreads; i++) {
     struct fiber *f = &M.f[i];

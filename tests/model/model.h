@@ -17,9 +17,16 @@
  * wrong orders of steps (a missing CAS, a publish after a wake, a lost
  * wakeup), not wrong memory orders, which are ThreadSanitizer's part.
  *
+ * Mutexes of the code under test (pthread_mutex_lock, _unlock, _trylock,
+ * linked to the explorer's by -Wl,--wrap) are choice points too, and a
+ * thread that finds one held sleeps until it is unlocked. A thread that
+ * made 200 steps in a row while others could run hands the turn on, as a
+ * real scheduler would: a loop that retries without a pause (a trylock
+ * that failed, a self-wake) waits for another thread.
+ *
  * A run fails when a check fails (MODEL_CHECK), when every thread left is
- * asleep on a futex (a lost wakeup), or when it takes more steps than the
- * case allows (a livelock).
+ * asleep on a futex or mutex (a lost wakeup), or when it takes more steps
+ * than the case allows (a livelock).
  */
 #ifndef WEFT_MODEL_H
 #define WEFT_MODEL_H
