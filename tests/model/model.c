@@ -726,6 +726,23 @@ static bool explore(const char *prog, const struct opts *o) {
     return true;
   }
   M.pct_k = M.steps;
+  /* A replay is only as good as the case's determinism: the same seed
+   * twice must make the same schedule. */
+  uint64_t hash[2], steps[2];
+  for (int i = 0; i < 2; i++) {
+    if (run_once(S_RANDOM, o->seed)) {
+      report_failure(prog, o->seed);
+      return true;
+    }
+    hash[i] = M.hash;
+    steps[i] = M.steps;
+  }
+  if (hash[0] != hash[1] || steps[0] != steps[1]) {
+    printf("  FAILED: seed %" PRIu64 " made two different schedules (%" PRIu64
+           " and %" PRIu64 " steps): the case is not deterministic\n",
+           o->seed, steps[0], steps[1]);
+    return !o->expect_bug;
+  }
   M.bound = o->bound;
   for (enum strategy s = S_RANDOM; s <= S_DFS; s++) {
     if (s == S_DFS && o->bound == UINT32_MAX)
