@@ -1,11 +1,14 @@
 /*
  * atomics.h - the thin layer every atomic operation and every wait of weft
  * goes through. Each macro is the C11 operation it names. In the model
- * build (WEFT_MODEL, tests/model/ only) each one first calls the schedule
- * explorer, which may switch to another simulated thread there, so a test
- * drives the interleavings of the real queues and locks one atomic step at
- * a time; weft__cpu_relax is a spin that hands the turn on. Outside that
- * build the macros expand to the bare operations: nothing to pay.
+ * build (WEFT_MODEL, tests/model/ only) each one then calls the schedule
+ * explorer, which may switch to another simulated thread right after it,
+ * so a test drives the interleavings of the real queues and locks one
+ * atomic step at a time (after, not before: the plain accesses that follow
+ * an atomic step up to the next one then run after a switch, and a plain
+ * write left after the publish it should precede is seen);
+ * weft__cpu_relax is a spin that hands the turn on. Outside that build the
+ * macros expand to the bare operations: nothing to pay.
  */
 #ifndef WEFT_ATOMICS_H
 #define WEFT_ATOMICS_H
@@ -24,13 +27,20 @@
  * a spin, where it must if another thread can run. */
 void weft__model_point(const char *file, int line);
 void weft__model_spin(const char *file, int line);
-#define WEFT__MP(op) (weft__model_point(__FILE__, __LINE__), op)
+#define WEFT__MP(op)                                                           \
+  __extension__({                                                              \
+    __typeof__(op) weft__mp_ = (op);                                           \
+    weft__model_point(__FILE__, __LINE__);                                     \
+    weft__mp_;                                                                 \
+  })
+#define WEFT__MPV(op) ((op), weft__model_point(__FILE__, __LINE__))
 #else
 #define WEFT__MP(op) (op)
+#define WEFT__MPV(op) (op)
 #endif
 
 #define weft__load(p, mo) WEFT__MP(atomic_load_explicit((p), mo))
-#define weft__store(p, v, mo) WEFT__MP(atomic_store_explicit((p), (v), mo))
+#define weft__store(p, v, mo) WEFT__MPV(atomic_store_explicit((p), (v), mo))
 #define weft__xchg(p, v, mo) WEFT__MP(atomic_exchange_explicit((p), (v), mo))
 #define weft__cas(p, expp, v, mos, mof)                                        \
   WEFT__MP(atomic_compare_exchange_strong_explicit((p), (expp), (v), mos, mof))
@@ -42,7 +52,7 @@ void weft__model_spin(const char *file, int line);
   WEFT__MP(atomic_fetch_or_explicit((p), (v), mo))
 #define weft__fetch_and(p, v, mo)                                              \
   WEFT__MP(atomic_fetch_and_explicit((p), (v), mo))
-#define weft__fence(mo) WEFT__MP(atomic_thread_fence(mo))
+#define weft__fence(mo) WEFT__MPV(atomic_thread_fence(mo))
 
 /* A counter written by one thread at a time and read by any: a relaxed load
  * and store, no locked instruction. */

@@ -19,16 +19,7 @@
 
 void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
                        uint64_t bits, uint32_t gen_tag) {
-  uint64_t cur = weft__load(&s->ev, WA_ACQ);
-  for (;;) {
-    if (gen_tag != WEFT_GEN_ANY && (uint16_t)(cur >> 32) != (uint16_t)gen_tag)
-      return; /* an event for an earlier life of this memory */
-    if ((cur & bits) == bits && (cur & EV_QUEUED))
-      return; /* nothing would change: do not write */
-    if (weft__cas(&s->ev, &cur, cur | bits | EV_QUEUED, WA_AR, WA_ACQ))
-      break;
-  }
-  if (cur & EV_QUEUED)
+  if (!weft__sock_ev_raise(s, bits, gen_tag))
     return;
   s->queued_at = weft__ticks(); /* the post orders it before sock_run */
   weft__node_post(s->rt, local, s->strand, &s->node[s->post_idx], false);
@@ -86,8 +77,7 @@ static void io_delay(weft_rt *rt, uint64_t queued) {
 
 static void sock_run(struct weft__sock *s, unsigned idx) {
   io_delay(s->rt, s->queued_at);
-  s->post_idx = idx ^ 1;
-  uint32_t bits = (uint32_t)weft__fetch_and(&s->ev, ~EV_LOW, WA_AR);
+  uint32_t bits = weft__sock_ev_take(s, idx);
   if (s->state == ST_DONE) {
     if (s->free_pending) {
       s->free_pending = false;
@@ -241,12 +231,10 @@ static void final_free(void *arg) { really_free(arg); }
 
 void weft__sock_free(struct weft__sock *s) {
   s->state = ST_DONE;
-  uint64_t cur = weft__load(&s->ev, WA_ACQ);
-  uint64_t next = (uint64_t)(s->gen + 1) << 32;
   /* Only while no node is queued; else that node's run frees it. Stale
    * readiness events fail their generation check from here on, so nothing
    * pushes a node of s again. */
-  if ((cur & EV_QUEUED) || !weft__cas(&s->ev, &cur, next, WA_AR, WA_ACQ)) {
+  if (!weft__sock_ev_retire(s)) {
     s->free_pending = true;
     return;
   }

@@ -89,6 +89,39 @@ struct weft__sock {
   struct weft__sock *rnext, *rprev;
 };
 
+/* The event word's steps (the protocol at the top of this file), here so
+ * that the model tests (tests/model/) drive the same code. */
+
+/* Any thread: sets bits on s unless gen_tag is stale. True: this caller
+ * turned EV_QUEUED on, and pushes node[post_idx]. */
+static inline bool weft__sock_ev_raise(struct weft__sock *s, uint64_t bits,
+                                       uint32_t gen_tag) {
+  uint64_t cur = weft__load(&s->ev, WA_ACQ);
+  for (;;) {
+    if (gen_tag != WEFT_GEN_ANY && (uint16_t)(cur >> 32) != (uint16_t)gen_tag)
+      return false; /* an event for an earlier life of this memory */
+    if ((cur & bits) == bits && (cur & EV_QUEUED))
+      return false; /* nothing would change: do not write */
+    if (weft__cas(&s->ev, &cur, cur | bits | EV_QUEUED, WA_AR, WA_ACQ))
+      return !(cur & EV_QUEUED);
+  }
+}
+
+/* On the strand, running node[idx]: the next push takes the other node;
+ * returns the word's low bits, now cleared. */
+static inline uint32_t weft__sock_ev_take(struct weft__sock *s, unsigned idx) {
+  s->post_idx = idx ^ 1;
+  return (uint32_t)weft__fetch_and(&s->ev, ~EV_LOW, WA_AR);
+}
+
+/* On the strand, freeing s: the next generation, if no node is queued
+ * (true); false: the queued node's run frees s. */
+static inline bool weft__sock_ev_retire(struct weft__sock *s) {
+  uint64_t cur = weft__load(&s->ev, WA_ACQ);
+  uint64_t next = (uint64_t)(s->gen + 1) << 32;
+  return !(cur & EV_QUEUED) && weft__cas(&s->ev, &cur, next, WA_AR, WA_ACQ);
+}
+
 static inline struct weft__sock *weft__sock_of(struct weft__ioh *h) {
   return (struct weft__sock *)((char *)h - offsetof(struct weft__sock, ioh));
 }
