@@ -302,14 +302,13 @@ void weft__model_futex_wait(_Atomic uint32_t *addr, uint32_t expected,
   switch_to(choose(K_GONE), false);
 }
 
-void weft__model_futex_wake(_Atomic uint32_t *addr, int n, const char *file,
-                            int line) {
-  weft__model_point(file, line);
+/* Makes up to n sleepers on addr runnable, the longest asleep first. */
+static void wake_sleepers(const void *addr, int n) {
   while (n-- > 0) {
     struct fiber *first = NULL;
     for (unsigned i = 0; i < M.c->nthreads; i++) {
       struct fiber *f = &M.f[i];
-      if (f->state == F_SLEEP && f->futex == addr &&
+      if (f->state == F_SLEEP && (const void *)f->futex == addr &&
           (!first || f->sleep_seq < first->sleep_seq))
         first = f;
     }
@@ -317,6 +316,15 @@ void weft__model_futex_wake(_Atomic uint32_t *addr, int n, const char *file,
       return;
     first->state = F_RUN;
   }
+}
+
+/* As an atomic step, the point comes after the wake (atomics.h). */
+void weft__model_futex_wake(_Atomic uint32_t *addr, int n, const char *file,
+                            int line) {
+  if (!M.in_run || M.cur < 0)
+    return;
+  wake_sleepers(addr, n);
+  weft__model_point(file, line);
 }
 
 /* Mutexes: the code under test calls these for pthread_mutex_lock, _unlock
@@ -354,12 +362,12 @@ static bool in_fiber(void) { return M.in_run && M.cur >= 0; }
 int __wrap_pthread_mutex_trylock(pthread_mutex_t *m) {
   if (!in_fiber())
     return __real_pthread_mutex_trylock(m);
-  step(__FILE__, __LINE__, K_POINT);
   int *owner = mtx_owner(m);
-  if (*owner >= 0)
-    return EBUSY;
-  *owner = M.cur;
-  return 0;
+  int r = *owner >= 0 ? EBUSY : 0;
+  if (!r)
+    *owner = M.cur;
+  step(__FILE__, __LINE__, K_POINT);
+  return r;
 }
 
 int __wrap_pthread_mutex_lock(pthread_mutex_t *m) {
@@ -384,12 +392,12 @@ int __wrap_pthread_mutex_lock(pthread_mutex_t *m) {
 int __wrap_pthread_mutex_unlock(pthread_mutex_t *m) {
   if (!in_fiber())
     return __real_pthread_mutex_unlock(m);
-  step(__FILE__, __LINE__, K_POINT);
   int *owner = mtx_owner(m);
   MODEL_CHECK(*owner == M.cur, "thread %d unlocks a mutex held by %d", M.cur,
               *owner);
   *owner = -1;
-  weft__model_futex_wake((_Atomic uint32_t *)(void *)m, 1, __FILE__, __LINE__);
+  wake_sleepers(m, 1);
+  step(__FILE__, __LINE__, K_POINT);
   return 0;
 }
 

@@ -1,9 +1,10 @@
 /*
  * model.h, model.c - the schedule explorer of weft's model tests: a case
  * runs a few simulated threads over real weft code compiled with
- * WEFT_MODEL (src/atomics.h), on one OS thread, switching threads only at
- * atomic operations, spins and futex calls. Each run is one interleaving,
- * chosen by a strategy:
+ * WEFT_MODEL (src/atomics.h), on one OS thread, switching threads only
+ * right after an atomic operation, a futex wake or a mutex call, and at
+ * spins and futex sleeps. Each run is one interleaving, chosen by a
+ * strategy:
  *   random  at every point, any runnable thread (a seeded PRNG);
  *   pct     probabilistic concurrency testing: random thread priorities
  *           and a few random points where the running thread drops to the
