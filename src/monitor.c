@@ -261,16 +261,13 @@ static int handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
    * taken the loss itself (the CAS below then fails on its 2). */
   fenced = syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
 #endif
-  if (!fenced || weft__load(&t->hstate, WA_SC) != hs) {
-    uint32_t one = 1;
-    if (weft__cas(&t->taken, &one, 0, WA_AR, WA_ACQ)) {
-      /* T never knew. It may have moved on and parked since, and the
-       * runtime may have been done before this handoff began:
-       * spare_put_back. */
-      spare_put_back(rt, sp);
-      weft__busy_drop(rt, 1);
-      return fenced ? 0 : -1;
-    }
+  if (!weft__handoff_commit(t, hs, fenced)) {
+    /* T never knew. It may have moved on and parked since, and the
+     * runtime may have been done before this handoff began:
+     * spare_put_back. */
+    spare_put_back(rt, sp);
+    weft__busy_drop(rt, 1);
+    return fenced ? 0 : -1;
   }
   /* Committed: T will not touch sh again. */
   weft__trace(WEFT_EV_HANDOFF, sh->idx, t->idx, sp->idx);

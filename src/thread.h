@@ -133,6 +133,19 @@ static inline bool weft__lost(struct weft__thread *t) {
   return true;
 }
 
+/* The monitor's side of a handoff of t's shard, after it stored taken = 1
+ * and, fenced true, made its membarrier (monitor.c has the protocol):
+ * true if committed (t will not touch its shard again: t is still in the
+ * handler of hstate hs, or already acknowledged the loss), false if t
+ * moved on and never knew (taken is 0 again). */
+static inline bool weft__handoff_commit(struct weft__thread *t, uint64_t hs,
+                                        bool fenced) {
+  if (fenced && weft__load(&t->hstate, WA_SC) == hs)
+    return true;
+  uint32_t one = 1;
+  return !weft__cas(&t->taken, &one, 0, WA_AR, WA_ACQ);
+}
+
 /* The calling thread's shard if it is a thread of rt holding one, for use
  * until weft__local_end. Inside a handler this brackets the use so that the
  * monitor cannot hand the shard to another thread meanwhile; if it already
