@@ -1,8 +1,13 @@
-# mutate.cmake: writes OUT, a copy of IN with one edit, as MUTANT says:
-# the text between its "@@ from" and "@@ to" lines, found exactly once in
-# IN, is replaced by the text after "@@ to". Fails if the text is not in IN
-# once, so a broken variant never silently turns into the real code.
-#   cmake -DMUTANT=m.mutant -DIN=src/x.c -DOUT=build/x.c -P mutate.cmake
+# mutate.cmake: makes DIR a copy of SRC (src/: every .c and .h) in which
+# FILE carries one edit, as MUTANT says: the text between its "@@ from"
+# and "@@ to" lines, found exactly once in FILE, is replaced by the text
+# after "@@ to". The whole tree is copied so that every include of the
+# file, from the test or from another header (which finds its neighbours
+# in its own directory first), reaches the broken copy. Fails if the text
+# is not in FILE once, so a broken variant never silently turns into the
+# real code.
+#   cmake -DMUTANT=m.mutant -DSRC=src -DDIR=build/x -DFILE=park.c \
+#         -P mutate.cmake
 file(READ ${MUTANT} m)
 string(FIND "${m}" "\n@@ from\n" a)
 string(FIND "${m}" "\n@@ to\n" b)
@@ -14,15 +19,19 @@ math(EXPR from_len "${b} + 1 - ${from_start}")
 math(EXPR to_start "${b} + 7")
 string(SUBSTRING "${m}" ${from_start} ${from_len} from)
 string(SUBSTRING "${m}" ${to_start} -1 to)
-file(READ ${IN} src)
+file(REMOVE_RECURSE ${DIR})
+file(GLOB tree ${SRC}/*.c ${SRC}/*.h)
+file(COPY ${tree} DESTINATION ${DIR})
+file(READ ${SRC}/${FILE} src)
 string(FIND "${src}" "${from}" first)
 string(FIND "${src}" "${from}" last REVERSE)
 if(first LESS 0)
-  message(FATAL_ERROR "${MUTANT}: its '@@ from' text is not in ${IN}: "
+  message(FATAL_ERROR "${MUTANT}: its '@@ from' text is not in ${FILE}: "
                       "update the mutant to the source")
 endif()
 if(NOT first EQUAL last)
-  message(FATAL_ERROR "${MUTANT}: its '@@ from' text is in ${IN} twice")
+  message(FATAL_ERROR "${MUTANT}: its '@@ from' text is in ${FILE} twice")
 endif()
 string(REPLACE "${from}" "${to}" out "${src}")
-file(WRITE ${OUT} "${out}")
+file(WRITE ${DIR}/${FILE} "${out}")
+file(WRITE ${DIR}/.stamp "")
