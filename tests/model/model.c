@@ -1,6 +1,6 @@
 /*
  * model.c - the schedule explorer (model.h): simulated threads as
- * ucontext fibers on one OS thread, the strategies that choose which one
+ * fibers on one OS thread, the strategies that choose which one
  * runs at each point, the futexes and virtual clock of the model build,
  * and the driver that runs a case under every strategy and replays a
  * failure. Owns every fiber's stack and the step log.
@@ -56,8 +56,20 @@ enum kind { K_POINT, K_SPIN, K_GONE, K_START };
 enum strategy { S_FIRST, S_RANDOM, S_PCT, S_DFS };
 static const char *const strategy_name[] = {"first", "random", "pct", "dfs"};
 
+/* x86-64 switches stacks with weft_model_swap (below): glibc's swapcontext
+ * also saves and sets the signal mask, two system calls a switch, which
+ * dominated a run's time. Elsewhere, or built with MODEL_UCONTEXT,
+ * ucontext. */
+#if defined(__x86_64__) && !defined(MODEL_UCONTEXT)
+#define MODEL_SWAP 1
+#endif
+
 struct fiber {
+#ifdef MODEL_SWAP
+  void *sp; /* its saved stack pointer while it does not run */
+#else
   ucontext_t ctx;
+#endif
   char *stack;
   enum fstate state;
   _Atomic uint32_t *futex;
@@ -83,7 +95,11 @@ static struct {
   int cur; /* -1: the explorer's own stack */
   int last_runner;
   uint64_t run_len; /* steps last_runner made in a row */
+#ifdef MODEL_SWAP
+  void *main_sp;
+#else
   ucontext_t main;
+#endif
   void *main_bottom;
   size_t main_size;
   bool in_run, failed;
@@ -136,16 +152,51 @@ static void asan_finish(void) {
 #endif
 }
 
+#ifdef MODEL_SWAP
+/* model_swap(from, to): pushes the callee-saved registers (the System V
+ * ABI's rbx, rbp, r12-r15) on the current stack, stores the stack pointer
+ * in *from, loads to, pops the registers saved there and returns on that
+ * stack. A fiber's first stack (fiber_init) holds six zeros and the
+ * address of fiber_entry. The floating-point control words are not
+ * switched: nothing here changes them. */
+void weft_model_swap(void **from, void *to);
+__asm__(".text\n"
+        ".globl weft_model_swap\n"
+        ".hidden weft_model_swap\n"
+        ".type weft_model_swap, @function\n"
+        "weft_model_swap:\n"
+        "  pushq %rbp\n"
+        "  pushq %rbx\n"
+        "  pushq %r12\n"
+        "  pushq %r13\n"
+        "  pushq %r14\n"
+        "  pushq %r15\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  popq %r15\n"
+        "  popq %r14\n"
+        "  popq %r13\n"
+        "  popq %r12\n"
+        "  popq %rbx\n"
+        "  popq %rbp\n"
+        "  ret\n"
+        ".size weft_model_swap, .-weft_model_swap\n");
+#endif
+
 /* Runs fiber `to` (-1: the explorer) in place of the current one. */
 static void switch_to(int to, bool leaving_for_good) {
   int from = M.cur;
   if (to == from)
     return;
-  ucontext_t *fc = from < 0 ? &M.main : &M.f[from].ctx;
-  ucontext_t *tc = to < 0 ? &M.main : &M.f[to].ctx;
   asan_start(to, leaving_for_good);
   M.cur = to;
-  swapcontext(fc, tc);
+#ifdef MODEL_SWAP
+  weft_model_swap(from < 0 ? &M.main_sp : &M.f[from].sp,
+                  to < 0 ? M.main_sp : M.f[to].sp);
+#else
+  swapcontext(from < 0 ? &M.main : &M.f[from].ctx,
+              to < 0 ? &M.main : &M.f[to].ctx);
+#endif
   asan_finish();
 }
 
@@ -427,6 +478,34 @@ static void trampoline(int id) {
   abort(); /* a finished fiber is never resumed */
 }
 
+#ifdef MODEL_SWAP
+/* A fiber's first instruction: it runs as M.cur. */
+static void fiber_entry(void) { trampoline(M.cur); }
+#endif
+
+/* Sets fiber i to start at trampoline(i) on its own stack. */
+static void fiber_init(struct fiber *f, unsigned i) {
+#ifdef MODEL_SWAP
+  (void)i;
+  /* From the top, 16-aligned: weft_model_swap pops six registers and
+   * returns to fiber_entry, which then finds its stack as after a call
+   * (rsp + 8 aligned to 16) with a zero return address above. */
+  uintptr_t top = ((uintptr_t)f->stack + STACK_SIZE) & ~(uintptr_t)15;
+  void **sp = (void **)(top - 8 * sizeof(void *));
+  for (int r = 0; r < 6; r++)
+    sp[r] = NULL;
+  sp[6] = (void *)fiber_entry;
+  sp[7] = NULL;
+  f->sp = sp;
+#else
+  getcontext(&f->ctx);
+  f->ctx.uc_stack.ss_sp = f->stack;
+  f->ctx.uc_stack.ss_size = STACK_SIZE;
+  f->ctx.uc_link = NULL;
+  makecontext(&f->ctx, (void (*)(void))trampoline, 1, (int)i);
+#endif
+}
+
 static void pct_init(uint64_t seed) {
   M.rng = seed;
   unsigned n = M.c->nthreads;
@@ -469,11 +548,7 @@ static bool run_once(enum strategy s, uint64_t seed) {
     f->futex = NULL;
     f->asan_fake = NULL;
     f->prio = 0;
-    getcontext(&f->ctx);
-    f->ctx.uc_stack.ss_sp = f->stack;
-    f->ctx.uc_stack.ss_size = STACK_SIZE;
-    f->ctx.uc_link = NULL;
-    makecontext(&f->ctx, (void (*)(void))trampoline, 1, (int)i);
+    fiber_init(f, i);
   }
   if (s == S_PCT)
     pct_init(seed);

@@ -26,6 +26,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 _Thread_local struct weft__thread *weft__tls_self;
 _Thread_local struct weft__ring *weft__tls_ring;
@@ -42,8 +43,6 @@ static int user; /* who uses the shard now, or -1 */
 static bool committed;
 static _Atomic uint32_t handed; /* the spare's futex: 1 shard, 2 none */
 static _Atomic uint32_t work;
-
-static void teardown(void);
 
 /* A use of the shard: a step inside, where another thread may run. */
 static void use_shard(int who) {
@@ -102,13 +101,17 @@ static void spare(int id) {
 }
 
 static void setup(void) {
-  if (rt)
-    teardown(); /* the last run failed before its check */
-  rt = calloc(1, sizeof(*rt));
-  shard = calloc(1, sizeof(*shard));
-  worker_t = calloc(1, sizeof(*worker_t));
-  if (!rt || !shard || !worker_t)
-    abort();
+  /* Static, cleared each run: a shard is large, and ASan maps memory
+   * for each allocation that size. */
+  static weft_rt rt_mem;
+  static struct weft__shard shard_mem;
+  static struct weft__thread thread_mem;
+  memset(&rt_mem, 0, sizeof(rt_mem));
+  memset(&shard_mem, 0, sizeof(shard_mem));
+  memset(&thread_mem, 0, sizeof(thread_mem));
+  rt = &rt_mem;
+  shard = &shard_mem;
+  worker_t = &thread_mem;
   rt->nshards = 1;
   rt->shards = shard;
   rt->threads = worker_t;
@@ -121,13 +124,6 @@ static void setup(void) {
   committed = false;
   weft__store(&handed, 0, WA_RLX);
   weft__store(&work, 0, WA_RLX);
-}
-
-static void teardown(void) {
-  free(worker_t);
-  free(shard);
-  free(rt);
-  rt = NULL;
 }
 
 /* Both ends must occur, or the case tests half of the protocol. */
@@ -153,7 +149,6 @@ static void check(void) {
     MODEL_CHECK(taken == 0 && worker_t->shard == shard,
                 "an aborted handoff took the shard (taken %u)", taken);
   }
-  teardown();
 }
 
 static const struct model_case cases[] = {

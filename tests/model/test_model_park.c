@@ -108,11 +108,17 @@ static void build(unsigned workers, unsigned eager, bool fail, unsigned nposts,
   nworkers = workers;
   neager = eager;
   spawn_fails = fail;
-  rt = calloc(1, sizeof(*rt));
-  rt->shards = calloc(workers, sizeof(*rt->shards));
-  rt->threads = calloc(workers, sizeof(*rt->threads));
-  if (!rt || !rt->shards || !rt->threads)
-    abort();
+  /* Static, cleared each run: a shard is large, and ASan maps memory
+   * for each allocation that size. */
+  static weft_rt rt_mem;
+  static struct weft__shard shards[MAX_W];
+  static struct weft__thread threads[MAX_W];
+  memset(&rt_mem, 0, sizeof(rt_mem));
+  memset(shards, 0, sizeof(shards));
+  memset(threads, 0, sizeof(threads));
+  rt = &rt_mem;
+  rt->shards = shards;
+  rt->threads = threads;
   rt->nshards = workers;
   rt->th.neager = eager;
   pthread_mutex_init(&rt->th.spare_lock, NULL);
@@ -153,9 +159,6 @@ static void teardown(void) {
   pthread_mutex_destroy(&rt->th.spare_lock);
   pthread_mutex_destroy(&rt->life.lock);
   pthread_cond_destroy(&rt->life.cond);
-  free(rt->shards);
-  free(rt->threads);
-  free(rt);
   rt = NULL;
 }
 
