@@ -407,8 +407,9 @@ WEFT_API int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **t);
 /* Arms t to fire after after_ns (0: at once), then every period_ns if
  * period_ns is not 0. Starting an armed timer re-arms it (its pending firing
  * is replaced). A firing of the earlier arming whose handler has not
- * started by then never runs (see weft_timer_cancel); one already running
- * goes on, with the fn and arg it fired with, and does not re-arm a
+ * started by then never runs (see weft_timer_cancel); one whose call has
+ * started goes on (from outside the strand it may be entered just after
+ * this returns), with the fn and arg it fired with, and does not re-arm a
  * periodic timer.
  * Errors: -EINVAL (t or fn NULL, or the deadline or the first period
  * overflows), -EBADF (t destroyed), -ESHUTDOWN, -EBUSY (65535 firings of t
@@ -422,13 +423,13 @@ WEFT_API int weft_timer_start_at(weft_timer *t, uint64_t deadline_ns,
                                  uint64_t period_ns, weft_timer_fn fn,
                                  void *arg);
 
-/* Disarms t: no handler call of its current arming starts after this
- * returns. Exactly one of "called" and "cancelled" happens to each arming,
- * and the return value says which: 0 when its handler will not be called
- * (the timer was armed, or it had fired and its handler had not started:
- * that firing is dropped); -EALREADY when its handler has started (it may
- * still be running: on another thread, when this is called from outside
- * the timer's strand) or was never due (cancelled before, never started).
+/* Disarms t. Exactly one of "called" and "cancelled" happens to each
+ * arming, and the return value says which: 0 when its handler will not be
+ * called (the timer was armed, or it had fired and its handler had not
+ * started: that firing is dropped); -EALREADY when its handler call has
+ * started (called from outside the timer's strand, the handler may be
+ * running on another thread, or about to be entered there) or was never
+ * due (cancelled before, never started).
  * A periodic timer is not re-armed after a cancel. So on the timer's own
  * strand, once cancel (or start) returns, no handler of an earlier arming
  * runs: nothing of it can be waiting in the strand's queue. Errors:
