@@ -5,12 +5,13 @@
  * and the driver that runs a case under every strategy and replays a
  * failure. Owns every fiber's stack and the step log.
  *
- * Choice points: an atomic operation (the thread may go on, or any other
- * may run), a spin (another thread runs if one can), and a thread's end
- * or sleep (another must run). When no thread can run and some sleep with
- * a deadline, virtual time jumps to the earliest deadline and that thread
- * wakes; when all that remain sleep without one, the run fails as a lost
- * wakeup.
+ * Choice points: right after an atomic operation, a futex wake or a mutex
+ * call (the thread may go on, or any other may run), a spin (another
+ * thread runs if one can), and a thread's end or sleep on a futex or a
+ * held mutex (another must run). When no thread can run and some sleep
+ * with a deadline, virtual time jumps to the earliest deadline and that
+ * thread wakes; when all that remain sleep without one, the run fails as
+ * a lost wakeup.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -576,6 +577,10 @@ static void print_tail(size_t from) {
 
 /* The replay flag's argument for the run just made. */
 static void replay_arg(char *buf, size_t len, uint64_t seed) {
+  if (M.strat == S_FIRST) {
+    snprintf(buf, len, "dfs:-"); /* dfs's first schedule */
+    return;
+  }
   if (M.strat != S_DFS) {
     snprintf(buf, len, "%s:%" PRIu64, strategy_name[M.strat], seed);
     return;
@@ -801,69 +806,93 @@ static bool replays(enum strategy s, uint64_t seed) {
   return again;
 }
 
-/* Runs case c under every strategy; true if a run failed. */
-static bool explore(const char *prog, const struct opts *o) {
-  /* pct's k: the steps of the run without preemptions */
+/* A failed run, reported; with --expect-bug, whether its replay fails the
+ * same way. The schedule without preemptions is dfs's first. */
+static bool failed_run(const char *prog, const struct opts *o, enum strategy s,
+                       uint64_t seed) {
+  report_failure(prog, seed);
+  return !o->expect_bug || replays(s == S_FIRST ? S_DFS : s, seed);
+}
+
+/* Before the strategies: the run without preemptions (pct's k), then one
+ * seed twice, which must make one schedule (a replay is only as good as
+ * the case's determinism). False, with *failed, if the case ends here. */
+static bool first_runs(const char *prog, const struct opts *o, bool *failed) {
   if (run_once(S_FIRST, 0)) {
-    report_failure(prog, 0);
-    return true;
+    *failed = failed_run(prog, o, S_FIRST, 0);
+    return false;
   }
   M.pct_k = M.steps;
-  /* A replay is only as good as the case's determinism: the same seed
-   * twice must make the same schedule. */
   uint64_t hash[2], steps[2];
   for (int i = 0; i < 2; i++) {
     if (run_once(S_RANDOM, o->seed)) {
-      report_failure(prog, o->seed);
-      return true;
+      *failed = failed_run(prog, o, S_RANDOM, o->seed);
+      return false;
     }
     hash[i] = M.hash;
     steps[i] = M.steps;
   }
-  if (hash[0] != hash[1] || steps[0] != steps[1]) {
-    printf("  FAILED: seed %" PRIu64 " made two different schedules (%" PRIu64
-           " and %" PRIu64 " steps): the case is not deterministic\n",
-           o->seed, steps[0], steps[1]);
-    return !o->expect_bug;
+  if (hash[0] == hash[1] && steps[0] == steps[1])
+    return true;
+  printf("  FAILED: seed %" PRIu64 " made two different schedules (%" PRIu64
+         " and %" PRIu64 " steps): the case is not deterministic\n",
+         o->seed, steps[0], steps[1]);
+  *failed = !o->expect_bug;
+  return false;
+}
+
+/* One strategy's budget; true if a run failed (see failed_run). */
+static bool explore_one(const char *prog, const struct opts *o, enum strategy s,
+                        bool *failed) {
+  struct hashset seen = {0};
+  uint64_t runs = 0, max_steps = 0;
+  bool done = true;
+  M.plan_len = 0;
+  for (;; runs++) {
+    if (s != S_DFS && runs == o->runs)
+      break;
+    if (s == S_DFS && runs == o->dfs_max) {
+      done = false;
+      break;
+    }
+    uint64_t seed = o->seed + runs;
+    if (run_once(s, seed)) {
+      free(seen.v);
+      *failed = failed_run(prog, o, s, seed);
+      return true;
+    }
+    hs_add(&seen, M.hash);
+    if (M.steps > max_steps)
+      max_steps = M.steps;
+    if (s == S_DFS && !dfs_next()) {
+      runs++;
+      break;
+    }
   }
+  printf("  %-6s %8" PRIu64 " runs, %8zu distinct schedules, up to %" PRIu64
+         " steps",
+         strategy_name[s], runs, seen.n, max_steps);
+  if (s == S_DFS)
+    printf(done ? ", every schedule with at most %u preemptions"
+                : ", stopped at --dfs-max before the end (bound %u)",
+           o->bound);
+  printf("\n");
+  free(seen.v);
+  return false;
+}
+
+/* Runs the case under every strategy; true if a run failed (with
+ * --expect-bug: and its replay failed the same way). */
+static bool explore(const char *prog, const struct opts *o) {
+  bool failed = false;
+  if (!first_runs(prog, o, &failed))
+    return failed;
   M.bound = o->bound;
   for (enum strategy s = S_RANDOM; s <= S_DFS; s++) {
     if (s == S_DFS && o->bound == UINT32_MAX)
       continue;
-    struct hashset seen = {0};
-    uint64_t runs = 0, max_steps = 0;
-    bool done = true;
-    M.plan_len = 0;
-    for (;; runs++) {
-      if (s != S_DFS && runs == o->runs)
-        break;
-      if (s == S_DFS && runs == o->dfs_max) {
-        done = false;
-        break;
-      }
-      uint64_t seed = o->seed + runs;
-      if (run_once(s, seed)) {
-        free(seen.v);
-        report_failure(prog, seed);
-        return !o->expect_bug || replays(s, seed);
-      }
-      hs_add(&seen, M.hash);
-      if (M.steps > max_steps)
-        max_steps = M.steps;
-      if (s == S_DFS && !dfs_next()) {
-        runs++;
-        break;
-      }
-    }
-    printf("  %-6s %8" PRIu64 " runs, %8zu distinct schedules, up to %" PRIu64
-           " steps",
-           strategy_name[s], runs, seen.n, max_steps);
-    if (s == S_DFS)
-      printf(done ? ", every schedule with at most %u preemptions"
-                  : ", stopped at --dfs-max before the end (bound %u)",
-             o->bound);
-    printf("\n");
-    free(seen.v);
+    if (explore_one(prog, o, s, &failed))
+      return failed;
   }
   return false;
 }
