@@ -401,17 +401,6 @@ static bool timer_due(struct weft__shard *sh) {
   return next != UINT64_MAX && weft__now_ns() >= next;
 }
 
-/* Waits a few spins for n's successor to be linked. */
-static struct weft__node *wait_link(struct weft__node *n) {
-  for (int i = 0; i < LINK_SPINS; i++) {
-    struct weft__node *next = weft__strand_next(n);
-    if (next)
-      return next;
-    weft__cpu_relax();
-  }
-  return NULL;
-}
-
 void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   weft_rt *rt = sh->rt;
   struct weft__thread *self = weft__self();
@@ -422,7 +411,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   uint64_t t0 = item_begin(self, sh, n, s, &sampled), t1 = 0;
   if (!n) {
     /* Resuming after a cut link: s->ran ran, its successor is pending. */
-    n = wait_link(s->ran);
+    n = weft__strand_wait_link(s->ran, LINK_SPINS);
     if (!n) {
       item_end(rt, sh, idx, t0, 0, 0, sampled);
       sched_yield();
@@ -462,7 +451,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
           strand_reclaim(s);
         break; /* s is no longer ours */
       }
-      next = wait_link(n);
+      next = weft__strand_wait_link(n, LINK_SPINS);
       if (!next) {
         s->head = NULL;
         s->ran = n;

@@ -79,6 +79,19 @@ static inline struct weft__node *weft__strand_next(struct weft__node *n) {
   return (struct weft__node *)weft__load(&n->link.next, WA_ACQ);
 }
 
+/* The drainer: waits up to spins pauses for n's successor to be linked
+ * (a push between its exchange and its link); NULL if still cut. */
+static inline struct weft__node *weft__strand_wait_link(struct weft__node *n,
+                                                        int spins) {
+  for (int i = 0; i < spins; i++) {
+    struct weft__node *next = weft__strand_next(n);
+    if (next)
+      return next;
+    weft__cpu_relax();
+  }
+  return NULL;
+}
+
 enum weft__strand_end {
   WEFT_STRAND_IDLE,    /* s is idle and no longer the drainer's */
   WEFT_STRAND_RECLAIM, /* s is released and drained: the drainer reclaims */

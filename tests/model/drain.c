@@ -55,16 +55,6 @@ void drain_post(struct weft__node *n) {
   }
 }
 
-static struct weft__node *wait_link(struct weft__node *n) {
-  for (int i = 0; i < LINK_SPINS; i++) {
-    struct weft__node *next = weft__strand_next(n);
-    if (next)
-      return next;
-    weft__cpu_relax();
-  }
-  return NULL;
-}
-
 /* Counts this drainer in and out of the strand. The explorer may switch
  * right after the step that gives the strand up (the idle CAS, the requeue
  * push), when another drainer may take it: so the count drops just before
@@ -81,7 +71,7 @@ static void turn(void) {
   enter();
   struct weft__node *n = drain_strand.head;
   if (!n) {
-    n = wait_link(drain_strand.ran);
+    n = weft__strand_wait_link(drain_strand.ran, LINK_SPINS);
     if (!n) {
       leave();
       schedule();
@@ -101,7 +91,7 @@ static void turn(void) {
         return; /* no longer ours */
       }
       enter();
-      next = wait_link(n);
+      next = weft__strand_wait_link(n, LINK_SPINS);
       if (!next) {
         drain_strand.head = NULL;
         drain_strand.ran = n;
