@@ -99,8 +99,8 @@ TSAN_ARGS := -DCMAKE_BUILD_TYPE=RelWithDebInfo -DWEFT_SANITIZE=thread \
              -DWEFT_TEST_SCALE=16
 
 .PHONY: all deps build build-bench demo test test-release test-asan \
-        test-tsan model bench bench-net bench-report reference format format-check \
-        install clean
+        test-tsan model bench bench-net bench-report reference format \
+        format-check install clean
 
 all: build
 
