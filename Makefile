@@ -154,7 +154,7 @@ model:
 	@sh tools/deps.sh test
 	@$(call configure,build,gcc,g++,$(RELEASE_ARGS) $(TEST_PARTS))
 	@set -e; for t in build/tests/model/test_model_*; do \
-	  [ -x "$$t" ] || continue; echo "+ $$t"; \
+	  [ -f "$$t" ] && [ -x "$$t" ] || continue; echo "+ $$t"; \
 	  "$$t" --runs=$(MODEL_RUNS) --dfs=$(MODEL_DFS) \
 	    --dfs-max=$(MODEL_DFS_MAX); \
 	done
