@@ -121,13 +121,17 @@ static inline struct weft__shard *weft__handler_leave(struct weft__thread *t) {
 
 /* Homes. A strand, and a timer without strand, gets a home shard when it
  * is created and keeps it: the shard whose wheel its timers are on, and
- * whose pools its memory and its timers' come from, so one home's objects
- * lie together in memory, apart from the others'. Homes are the shards in
- * turn, each creating thread (a worker's own count, or one count for every
- * thread outside) starting from its own shard. Not the creator's shard
- * always: strands made by one handler would then have all their timers on
- * one wheel, served by one thread. An object of another home than the
- * creator's comes from that home's depot, under its lock. */
+ * whose pool its timers' memory comes from, so the timers one shard's
+ * thread fires lie together in memory, apart from the others'. Homes are
+ * the shards in turn, each creating thread (a worker's own count, or one
+ * count for every thread outside) starting from its own shard. Not the
+ * creator's shard always: strands made by one handler would then have all
+ * their timers on one wheel, served by one thread. A timer of another home
+ * than the creator's comes from that home's depot, under its lock. A
+ * strand's memory does not follow its home: it is written by whichever
+ * thread runs it, so it comes from the creating worker's own cache, no
+ * lock taken (weft_strand.pool; from the home's depot when made outside),
+ * and goes back to that pool. */
 static inline unsigned weft__home_pick(weft_rt *rt, struct weft__shard *local) {
   if (!local)
     return weft__fetch_add(&rt->outside.home_rr, 1, WA_RLX) % rt->nshards;

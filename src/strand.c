@@ -90,8 +90,9 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__shard *home = &rt->shards[weft__home_pick(rt, sh)];
-  weft_strand *s = weft__pool_alloc(&home->strand_pool,
-                                    sh == home ? &sh->cache.strand : NULL);
+  struct weft__shard *from = sh ? sh : home;
+  weft_strand *s =
+      weft__pool_alloc(&from->strand_pool, sh ? &sh->cache.strand : NULL);
   if (!s) {
     weft__local_end(sh);
     return -ENOMEM;
@@ -101,6 +102,7 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   s->head = s->ran = NULL;
   s->rt = rt;
   s->home = home->idx;
+  s->pool = (uint16_t)from->idx;
   weft__store(&s->released, 0, WA_RLX);
   s->magic = WEFT_STRAND_MAGIC;
   s->self_released = false;
@@ -126,8 +128,8 @@ static void strand_reclaim(weft_strand *s) {
   else
     weft__fetch_add(&rt->outside.strands_freed, 1, WA_RLX);
 #ifndef WEFT_DEBUG
-  struct weft__shard *home = &rt->shards[s->home];
-  weft__pool_free(&home->strand_pool, sh == home ? &sh->cache.strand : NULL, s);
+  struct weft__shard *from = &rt->shards[s->pool];
+  weft__pool_free(&from->strand_pool, sh == from ? &sh->cache.strand : NULL, s);
 #endif
   weft__local_end(sh);
 }

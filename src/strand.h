@@ -51,6 +51,7 @@ struct weft_strand {
    * released when the last socket on it is freed, not with the socket it
    * was made for, which may lend it to others (weft_tcp_strand). */
   bool weft_made;
+  uint16_t pool; /* the shard whose pool it came from (shard.h, "Homes") */
   _Atomic uint32_t socks;
   /* The user's reference (1 until weft_strand_release) plus one per
    * operation in flight whose completion will be posted here

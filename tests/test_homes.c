@@ -9,13 +9,15 @@
  *    worker's first on its own shard; a timer on a strand made elsewhere
  *    still follows its strand. (Homed on the creator's shard always, 1000
  *    strands made by one handler had all their timers on one wheel.)
- *  - Memory: no 128-byte block (a line, and the one the adjacent-line
- *    prefetcher pulls in with it) holds objects of two homes, for objects
- *    from the arena's reserve and from slabs, and after frees and new
- *    objects.
- *  - Freed by a thread of another home (outside, or a handler on another
- *    shard), a strand's or a timer's memory goes back to its home's pool:
- *    the next object made for that home outside reuses it.
+ *  - Memory: a timer comes from its home's pool, and so does a strand made
+ *    outside; a strand made in a handler comes from the pool of the shard
+ *    it ran on (its thread's cache: no lock). No 128-byte block (a line,
+ *    and the one the adjacent-line prefetcher pulls in with it) holds
+ *    objects of two pools, for objects from the arena's reserve and from
+ *    slabs, and after frees and new objects.
+ *  - Freed by a thread of another shard (outside, or a handler on another
+ *    shard), a strand's or a timer's memory goes back to the pool it came
+ *    from: the next object made from that pool outside reuses it.
  *  - Timers of every home fire exactly once each, on their strands.
  */
 #include "testutil.h"
@@ -65,6 +67,7 @@ static void test_outside_in_turn(void **state) {
     tu_assert_rc(weft_timer_create(rt, s[i], &st[i]), 0);
     tu_assert_rc(weft_timer_create(rt, NULL, &t[i]), 0);
     assert_true(s[i]->home < WORKERS);
+    assert_int_equal(s[i]->pool, s[i]->home);
     /* in turn: each strand or timer without strand on the next shard */
     if (i)
       assert_int_equal(s[i]->home, (timer_home(t[i - 1]) + 1) % WORKERS);
@@ -160,6 +163,8 @@ static void test_in_handler(void **state) {
       if (i)
         assert_int_equal(in.s[i]->home, (timer_home(in.t[i - 1]) + 1) % 2);
       assert_int_equal(timer_home(in.t[i]), (in.s[i]->home + 1) % 2);
+      /* homed in turn, but made from this worker's own pool */
+      assert_int_equal(in.s[i]->pool, in.shard);
     }
     for (int i = 0; i < IN_HANDLER; i++) {
       weft_timer_destroy(in.t[i]);
@@ -197,6 +202,21 @@ static void free_there(void *arg) {
   weft_strand_release(f->s[f->freed]);
 }
 
+/* Two strands made in a handler, from the pool of the shard it ran on;
+ * homes go in turn, so on two shards one of them is homed elsewhere. */
+struct made {
+  weft_rt *rt;
+  weft_strand *s[2];
+  unsigned shard;
+};
+
+static void make_two(void *arg) {
+  struct made *m = arg;
+  m->shard = weft__self()->shard->idx;
+  TU_CHECK_RC(weft_strand_create(m->rt, &m->s[0]), 0);
+  TU_CHECK_RC(weft_strand_create(m->rt, &m->s[1]), 0);
+}
+
 static void test_freed_elsewhere(void **state) {
   (void)state;
   weft_rt *rt;
@@ -228,6 +248,23 @@ static void test_freed_elsewhere(void **state) {
   assert_true((uintptr_t)t == ta);
   weft_timer_destroy(t);
   weft_timer_destroy(f.t[1 - k]);
+
+  /* Made in a handler, released outside: back to the handler's shard's
+   * pool, whatever its home, where an outside strand homed there finds
+   * it (outside, a pool's objects come from its depot, one at a time). */
+  struct made m = {.rt = rt};
+  tu_on_strand(runner, make_two, &m);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+  int away = m.s[0]->home == m.shard ? 1 : 0;
+  assert_int_not_equal(m.s[away]->home, m.shard);
+  assert_int_equal(m.s[0]->pool, m.shard);
+  assert_int_equal(m.s[1]->pool, m.shard);
+  sa = (uintptr_t)m.s[away];
+  weft_strand_release(m.s[1 - away]);
+  weft_strand_release(m.s[away]); /* the newest in its pool's depot */
+  s = strand_homed(rt, m.shard);
+  assert_true((uintptr_t)s == sa);
+  weft_strand_release(s);
   weft_strand_release(runner); /* not before: it may be homed on k */
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
   weft_rt_destroy(rt);
