@@ -38,6 +38,7 @@
 #include "io_uring.h"
 #include "park.h"
 #include "thread.h"
+#include "trace.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -260,13 +261,17 @@ void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
      * carries many; out of work, the wait that parks the thread submits
      * them, or weft__io_flush before it runs stolen work. */
     if (io->unsubmitted && !idle &&
-        (io->unsubmitted >= 16 || (sh->tick & 7) == 0))
+        (io->unsubmitted >= 16 || (sh->tick & 7) == 0)) {
+      weft__trace_flush(); /* a held item end: not after a system call */
       weft__uring_submit(io);
+    }
     weft__uring_reap(io);
     return;
   }
-  if (io->nev == 0 && (idle || (sh->tick & 15) == 0))
+  if (io->nev == 0 && (idle || (sh->tick & 15) == 0)) {
+    weft__trace_flush();
     weft__epoll_wait(io, 0, false);
+  }
   weft__epoll_dispatch(io);
 }
 

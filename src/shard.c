@@ -21,6 +21,7 @@
 #include "park.h"
 #include "strand.h"
 #include "timer_serve.h"
+#include "trace.h"
 
 #include <stdlib.h>
 #include <sys/prctl.h>
@@ -202,9 +203,12 @@ static void main_loop(struct weft__thread *t) {
       continue;
     }
     weft__item it = next_item(rt, sh);
-    if (!it && spin_to_timer(rt, sh))
-      continue;
     if (!it) {
+      /* The last item's end, held for the next item's start (strand.c,
+       * item_end), is written before the search, the spin or the park. */
+      weft__trace_flush();
+      if (spin_to_timer(rt, sh))
+        continue;
       if (weft__to_searching(rt, t))
         it = steal(rt, sh);
       if (!it) {

@@ -363,13 +363,22 @@ static uint64_t item_begin(struct weft__thread *self, struct weft__shard *sh,
 /* An item that began at t0 ended, at t1 (0: now): its run time if it was
  * sampled, on the shard if this thread still holds it (sh), else on the
  * runtime; the recorder's event names the function weft called last (a
- * trampoline names the user's). */
+ * trampoline names the user's). Not sampled, ending now on a shard this
+ * thread holds, the event is held for the thread's next one: most often
+ * the next item's start, so one tick read serves both (a tick read is
+ * about 10 ns on a VM, as much as a short handler's other overhead); the
+ * main loop flushes it before anything else (shard.c). */
 static void item_end(weft_rt *rt, struct weft__shard *sh, unsigned idx,
                      uint64_t t0, uint64_t t1, unsigned handlers,
                      bool sampled) {
   struct weft__thread *self = weft__self();
   if (!t0 || (!sampled && !weft__tracing()))
     return;
+  if (!sampled && !t1 && sh) {
+    weft__trace_later(WEFT_EV_END, idx,
+                      (uintptr_t)weft__load(&self->cur_fn, WA_RLX), handlers);
+    return;
+  }
   if (!t1)
     t1 = weft__ticks();
   if (sampled && sh)
@@ -416,6 +425,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     n = weft__strand_wait_link(s->ran, LINK_SPINS);
     if (!n) {
       item_end(rt, sh, idx, t0, 0, 0, sampled);
+      weft__trace_flush();
       sched_yield();
       weft__schedule(rt, sh, (weft__item)s);
       return;

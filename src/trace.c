@@ -127,6 +127,7 @@ void weft__trace_detach(void) {
   struct weft__ring *r = weft__tls_ring;
   if (!r)
     return;
+  weft__trace_flush();
   weft__tls_ring = NULL;
   pthread_mutex_lock(&r->owner->lock);
   r->in_use = false;

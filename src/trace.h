@@ -68,6 +68,9 @@ struct weft__ring {
   unsigned index;
   _Atomic int tid; /* of the thread attached last */
   bool in_use;     /* under owner->lock */
+  /* writer only: an event left for later (weft__trace_later) */
+  bool held;
+  uint64_t held_w, held_a, held_b;
   struct weft__ev ev[] WEFT_ALIGNED;
 };
 
@@ -103,25 +106,66 @@ static inline uint64_t weft__ticks(void) {
   return weft__now_ns();
 }
 
-/* Writes an event into the calling thread's ring, if it has one. The
- * event's stores are releases, so a reader that sees any of them sees the
- * claim before them; done's release store publishes the event whole
- * (trace.c has the argument). On x86 each is a plain store. */
+static inline uint64_t weft__trace_word(struct weft__ring *r, unsigned type,
+                                        unsigned shard) {
+  uint64_t tid = (uint32_t)weft__load(&r->tid, WA_RLX);
+  return type | (uint64_t)(shard & 0xffffu) << 8 | tid << 32;
+}
+
+/* Writes one event into r. The event's stores are releases, so a reader
+ * that sees any of them sees the claim before them; done's release store
+ * publishes the event whole (trace.c has the argument). On x86 each is a
+ * plain store. */
+static inline void weft__trace_put(struct weft__ring *r, uint64_t t, uint64_t w,
+                                   uint64_t a, uint64_t b) {
+  uint64_t k = weft__load(&r->done, WA_RLX);
+  weft__store(&r->claim, k + 1, WA_RLX);
+  struct weft__ev *e = &r->ev[k & r->mask];
+  weft__store(&e->t, t, WA_REL);
+  weft__store(&e->w, w, WA_REL);
+  weft__store(&e->a, a, WA_REL);
+  weft__store(&e->b, b, WA_REL);
+  weft__store(&r->done, k + 1, WA_REL);
+}
+
+/* Writes an event into the calling thread's ring, if it has one; an event
+ * held for later goes first, at the same time. */
 static inline void weft__trace_at(uint64_t t, unsigned type, unsigned shard,
                                   uint64_t a, uint64_t b) {
   struct weft__ring *r = weft__tls_ring;
   if (!r)
     return;
-  uint64_t k = weft__load(&r->done, WA_RLX);
-  weft__store(&r->claim, k + 1, WA_RLX);
-  struct weft__ev *e = &r->ev[k & r->mask];
-  uint64_t tid = (uint32_t)weft__load(&r->tid, WA_RLX);
-  weft__store(&e->t, t, WA_REL);
-  weft__store(&e->w, type | (uint64_t)(shard & 0xffffu) << 8 | tid << 32,
-              WA_REL);
-  weft__store(&e->a, a, WA_REL);
-  weft__store(&e->b, b, WA_REL);
-  weft__store(&r->done, k + 1, WA_REL);
+  if (r->held) {
+    r->held = false;
+    weft__trace_put(r, t, r->held_w, r->held_a, r->held_b);
+  }
+  weft__trace_put(r, t, weft__trace_word(r, type, shard), a, b);
+}
+
+/* Writes an event held for later now, at a tick read now. */
+static inline void weft__trace_flush(void) {
+  struct weft__ring *r = weft__tls_ring;
+  if (r && r->held) {
+    r->held = false;
+    weft__trace_put(r, weft__ticks(), r->held_w, r->held_a, r->held_b);
+  }
+}
+
+/* Holds an event without a tick read: it is written with the calling
+ * thread's next event, at that event's time, or by weft__trace_flush. For
+ * an item's end when the thread may go straight on to the next item (the
+ * one tick then serves both); whoever then does anything else first
+ * flushes, or writes an event of its own (shard.c). */
+static inline void weft__trace_later(unsigned type, unsigned shard, uint64_t a,
+                                     uint64_t b) {
+  struct weft__ring *r = weft__tls_ring;
+  if (!r)
+    return;
+  weft__trace_flush();
+  r->held = true;
+  r->held_w = weft__trace_word(r, type, shard);
+  r->held_a = a;
+  r->held_b = b;
 }
 
 static inline void weft__trace(unsigned type, unsigned shard, uint64_t a,

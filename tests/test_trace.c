@@ -10,6 +10,9 @@
  *    that Python's json module loads, with a traceEvents list.
  *  - trace_dir: after the stall the monitor writes a dump there by itself
  *    and logs its name.
+ *  - Once the workers have nothing to run, every run in a worker's ring
+ *    has its end (an end held for the next item's start is written when
+ *    the thread goes looking for work instead).
  *  - Small rings keep only their newest events (at most a ring), in order.
  *  - Dumps made while every thread writes (ThreadSanitizer checks the
  *    rings' protocol).
@@ -161,8 +164,10 @@ static void check_stall_dump(const tdump *d) {
   check_ring_order(d);
   const tev *run = find(d, "run", (uintptr_t)trace_stuck);
   assert_non_null(run);
-  for (size_t i = 0; i < d->n; i++)
-    if (d->ev[i].ring == run->ring && d->ev[i].t >= run->t)
+  /* No end after it in its ring. (The item before it may end at the same
+   * tick: an end held for the next item's start, strand.c's item_end.) */
+  for (size_t i = (size_t)(run - d->ev) + 1; i < d->n; i++)
+    if (d->ev[i].ring == run->ring)
       assert_string_not_equal(d->ev[i].type, "end");
   const tev *stall = find(d, "stall", (uintptr_t)trace_stuck);
   assert_non_null(stall);
@@ -275,6 +280,83 @@ static void test_stall_trace(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* ---- every run ends ------------------------------------------------------ */
+
+#define SHORT_N 2000
+
+static tu_count g_short;
+
+static void short_handler(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&g_short, 1);
+}
+
+/* Whether every run in d's worker rings is followed by its end before the
+ * next run; the first event of a ring may be an end whose run the ring
+ * no longer holds. */
+static bool every_run_ends(const tdump *d) {
+  bool open = false;
+  for (size_t i = 0; i < d->n; i++) {
+    const tev *e = &d->ev[i];
+    if (strcmp(d->role[e->ring], "worker"))
+      continue;
+    if (i && d->ev[i - 1].ring != e->ring && open)
+      return false; /* the last run of the ring before ended nowhere */
+    if (!strcmp(e->type, "run")) {
+      if (open)
+        return false;
+      open = true;
+    } else if (!strcmp(e->type, "end")) {
+      open = false;
+    }
+  }
+  return !open;
+}
+
+static void test_every_run_ends(void **state) {
+  (void)state;
+  weft_config c;
+  weft_config_init(&c);
+  c.workers = 2;
+  weft_rt *rt;
+  assert_int_equal(weft_rt_create(&rt, &c), 0);
+  weft_strand *s[8];
+  for (int i = 0; i < 8; i++)
+    assert_int_equal(weft_strand_create(rt, &s[i]), 0);
+  for (int i = 0; i < SHORT_N; i++)
+    assert_int_equal(weft_post(s[i % 8], short_handler, NULL), 0);
+  tu_wait_count(&g_short, SHORT_N, "the short handlers");
+  char path[] = "/tmp/weft-trace-ends-XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  unlink(path);
+  /* The workers go looking for work, then park, soon after the last
+   * handler: from then on the dump must hold every end. */
+  uint64_t deadline = tu_deadline_ns(TU_WAIT_S);
+  for (;;) {
+    assert_int_equal(ftruncate(fd, 0), 0);
+    assert_int_equal(lseek(fd, 0, SEEK_SET), 0);
+    assert_int_equal(weft_rt_trace_dump(rt, fd), 0);
+    char proc[64];
+    snprintf(proc, sizeof(proc), "/proc/self/fd/%d", fd);
+    tdump d;
+    dump_parse(proc, &d);
+    check_ring_order(&d);
+    assert_non_null(find(&d, "run", (uintptr_t)short_handler));
+    bool ok = every_run_ends(&d);
+    dump_free(&d);
+    if (ok)
+      break;
+    assert_true(tu_now_ns() < deadline);
+    tu_sleep_ms(5);
+  }
+  close(fd);
+  for (int i = 0; i < 8; i++)
+    weft_strand_release(s[i]);
+  weft_rt_destroy(rt);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 /* Small rings: only the newest events, in order, at most a ring of them. */
 static void test_small_rings(void **state) {
   (void)state;
@@ -368,6 +450,7 @@ int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_stall_trace),
+      cmocka_unit_test(test_every_run_ends),
       cmocka_unit_test(test_small_rings),
       cmocka_unit_test(test_dump_while_writing),
       cmocka_unit_test(test_bad_input),
