@@ -365,9 +365,9 @@ static uint64_t item_begin(struct weft__thread *self, struct weft__shard *sh,
  * runtime; the recorder's event names the function weft called last (a
  * trampoline names the user's). Not sampled, ending now on a shard this
  * thread holds, the event is held for the thread's next one: most often
- * the next item's start, so one tick read serves both (a tick read is
- * about 10 ns on a VM, as much as a short handler's other overhead); the
- * main loop flushes it before anything else (shard.c). */
+ * the next item's start, so one tick read serves both (design.md, "The
+ * flight recorder"); the main loop flushes it before anything else
+ * (shard.c). */
 static void item_end(weft_rt *rt, struct weft__shard *sh, unsigned idx,
                      uint64_t t0, uint64_t t1, unsigned handlers,
                      bool sampled) {
