@@ -45,7 +45,9 @@
 # parts of an earlier target may no longer be built (their files stay).
 #
 # Variables: JOBS (build parallelism, default nproc), V=1 (show configure
-# and build output), CTEST_TIMEOUT (seconds per test, default 300),
+# and build output), CTEST_JOBS (tests run at once, default JOBS; most of
+# a test's time is spent waiting, and tests assert behaviour, not speed),
+# CTEST_TIMEOUT (seconds per test, default 300),
 # CTEST_ARGS (more ctest arguments, e.g. -R strand), BENCH_SKIP (shell
 # patterns of build/bench/ programs not to run), BENCH_NET_ARGS (bench/net
 # options, e.g. --seconds 10 --connections 100), BENCH_REPORT_ARGS
@@ -63,6 +65,7 @@ CLANG_FORMAT ?= clang-format
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 PREFIX ?= /usr/local
 CTEST_TIMEOUT ?= 300
+CTEST_JOBS ?= $(JOBS)
 CTEST_ARGS ?=
 BENCH_SKIP ?= *helper* _*
 BENCH_NET_ARGS ?=
@@ -82,7 +85,8 @@ FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \
 # $(call configure,DIR,CC,CXX,CMAKE ARGS): configure and build DIR quietly.
 configure = CMAKE='$(CMAKE)' JOBS='$(JOBS)' VERBOSE='$(V)' \
   sh tools/build.sh $(1) $(2) $(3) $(4)
-CTEST_RUN = $(CTEST) --output-on-failure --timeout $(CTEST_TIMEOUT) $(CTEST_ARGS)
+CTEST_RUN = $(CTEST) --output-on-failure --timeout $(CTEST_TIMEOUT) \
+  -j $(CTEST_JOBS) $(CTEST_ARGS)
 
 # The parts of the build each target needs (CMakeLists.txt).
 LIB_PARTS := -DWEFT_BUILD_TESTS=OFF -DWEFT_BUILD_EXAMPLES=ON \
