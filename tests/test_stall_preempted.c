@@ -17,6 +17,17 @@
  * quarter of a CPU in any window of 80 us or more. Then, still
  * oversubscribed, a handler that sleeps 50 ms is reported once, naming it.
  * Skipped under ThreadSanitizer (see the test).
+ *
+ * One exception the guest cannot see: where the hypervisor does not
+ * report steal time (steal stays 0 in /proc/stat, as on the Firecracker
+ * VMs this runs on), a vCPU the host preempts counts as CPU for the
+ * thread that was on it. To the monitor, and to the thread's own CPU
+ * clock, that thread computed all the while; it is rightly reported. So a
+ * short handler whose own CPU clock advanced by more than STOLEN_NS (five
+ * times its work, and less than the 125 us the monitor must see in a
+ * half-threshold window to report) is counted, and reports naming short
+ * handlers may not outnumber those. A monitor that misjudged a preempted
+ * thread, whose CPU clock stands still, still fails the test.
  */
 #include "testutil.h"
 
@@ -24,6 +35,7 @@
 
 #define NSTRANDS 4
 #define WORK_NS 20000u
+#define STOLEN_NS 100000u
 
 typedef struct reports {
   pthread_mutex_t m;
@@ -32,7 +44,7 @@ typedef struct reports {
 
 static reports g_rep = {.m = PTHREAD_MUTEX_INITIALIZER};
 static atomic_bool g_stop_spin, g_stop_short;
-static tu_count g_short_runs, g_short_done, g_slept;
+static tu_count g_short_runs, g_short_done, g_short_stolen, g_slept;
 static weft_strand *g_s[NSTRANDS];
 
 static void short_handler(void *arg);
@@ -56,20 +68,24 @@ static void *spinner(void *arg) {
   return NULL;
 }
 
+static uint64_t cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 static void short_handler(void *arg) {
   uintptr_t i = (uintptr_t)arg;
   /* 20 us of CPU, counted on this thread's CPU clock: time spent waiting
    * for a CPU does not count. */
-  struct timespec a, b;
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
-  do
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
-  while ((uint64_t)(b.tv_sec - a.tv_sec) * 1000000000u +
-             (uint64_t)(b.tv_nsec - a.tv_nsec) <
-         WORK_NS);
+  uint64_t a = cpu_ns();
+  while (cpu_ns() - a < WORK_NS) {
+  }
   atomic_fetch_add(&g_short_runs, 1);
   if (atomic_load(&g_stop_short) || weft_post(g_s[i], short_handler, arg))
     atomic_fetch_add(&g_short_done, 1);
+  if (cpu_ns() - a > STOLEN_NS)
+    atomic_fetch_add(&g_short_stolen, 1);
 }
 
 static void sleeper(void *arg) {
@@ -138,13 +154,15 @@ static void test_preempted_not_reported(void **state) {
   for (unsigned i = 0; i < NSTRANDS; i++)
     weft_strand_release(g_s[i]);
   assert_int_equal(weft_rt_destroy(rt), 0); /* the monitor has stopped */
+  uint64_t stolen = atomic_load(&g_short_stolen);
   print_message("[ INFO     ] %u CPUs, %u spinners: %" PRIu64
-                " short handlers, %u reports (%u of them short, %u the "
-                "sleeper)\n",
-                ncpu, nspin, (uint64_t)atomic_load(&g_short_runs), g_rep.n,
-                g_rep.named_short, g_rep.named_sleeper);
+                " short handlers (%" PRIu64 " with over %u us of CPU), "
+                "%u reports (%u of them short, %u the sleeper)\n",
+                ncpu, nspin, (uint64_t)atomic_load(&g_short_runs), stolen,
+                STOLEN_NS / 1000, g_rep.n, g_rep.named_short,
+                g_rep.named_sleeper);
   assert_true(atomic_load(&g_short_runs) > NSTRANDS);
-  assert_int_equal(g_rep.named_short, 0);
+  assert_true(g_rep.named_short <= stolen);
   assert_int_equal(g_rep.named_sleeper, 1);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
