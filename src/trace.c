@@ -281,23 +281,36 @@ static uint64_t to_ns(const struct scale *s, uint64_t t) {
   return s->ns0 + (uint64_t)((double)(int64_t)(t - s->tick0) * s->ns_per_tick);
 }
 
+static void put_event(struct out *o, const struct scale *s, unsigned ring,
+                      uint64_t t, uint64_t w, uint64_t a0, uint64_t b0) {
+  unsigned type = w & 0xff, shard = (w >> 8) & 0xffff;
+  char sh[16] = "-", a[24], b[24];
+  if (shard != WEFT_TRACE_NO_SHARD)
+    snprintf(sh, sizeof(sh), "%u", shard);
+  snprintf(a, sizeof(a), a_is_addr(type) ? "0x%" PRIx64 : "%" PRIu64, a0);
+  if (b_is_addr(type))
+    snprintf(b, sizeof(b), "0x%" PRIx64, b0);
+  else
+    snprintf(b, sizeof(b), "%" PRId64, (int64_t)b0);
+  out_put(o, "ev %" PRIu64 " %u %u %s %s %s %s\n", to_ns(s, t), ring,
+          (unsigned)(w >> 32), sh, type_names[type], a, b);
+}
+
+/* A folded run (WEFT_EV_FOLDED) is written as the end it holds, named as
+ * the ring's run before it (0: that run was overwritten), then the run. */
 static void put_events(struct out *o, const struct scale *s, unsigned ring,
                        const struct rec *ev, size_t n) {
+  uint64_t run_a = 0;
   for (size_t j = 0; j < n && !o->err; j++) {
-    unsigned type = ev[j].w & 0xff, shard = (ev[j].w >> 8) & 0xffff;
+    unsigned type = ev[j].w & 0xff;
     if (!type || type >= WEFT_EV_COUNT)
       continue;
-    char sh[16] = "-", a[24], b[24];
-    if (shard != WEFT_TRACE_NO_SHARD)
-      snprintf(sh, sizeof(sh), "%u", shard);
-    snprintf(a, sizeof(a), a_is_addr(type) ? "0x%" PRIx64 : "%" PRIu64,
-             ev[j].a);
-    if (b_is_addr(type))
-      snprintf(b, sizeof(b), "0x%" PRIx64, ev[j].b);
-    else
-      snprintf(b, sizeof(b), "%" PRId64, (int64_t)ev[j].b);
-    out_put(o, "ev %" PRIu64 " %u %u %s %s %s %s\n", to_ns(s, ev[j].t), ring,
-            (unsigned)(ev[j].w >> 32), sh, type_names[type], a, b);
+    if (type == WEFT_EV_RUN && (ev[j].w & WEFT_EV_FOLDED))
+      put_event(o, s, ring, ev[j].t, (ev[j].w & ~(uint64_t)0xff) | WEFT_EV_END,
+                run_a, 1);
+    if (type == WEFT_EV_RUN)
+      run_a = ev[j].a;
+    put_event(o, s, ring, ev[j].t, ev[j].w, ev[j].a, ev[j].b);
   }
 }
 

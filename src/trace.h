@@ -50,6 +50,10 @@ enum {
 enum { WEFT_RING_WORKER, WEFT_RING_MONITOR, WEFT_RING_POOL };
 
 #define WEFT_TRACE_NO_SHARD 0xffffu
+/* In a run's word: the thread's previous item ended at this run's time,
+ * with one handler, named as the ring's run before this one was; one
+ * event says both (weft__trace_at). The dump writes that end out. */
+#define WEFT_EV_FOLDED ((uint64_t)1 << 24)
 /* The least weft_config.trace_bytes (rt.c checks it). */
 #define WEFT_TRACE_MIN_BYTES ((size_t)4096)
 
@@ -68,9 +72,10 @@ struct weft__ring {
   unsigned index;
   _Atomic int tid; /* of the thread attached last */
   bool in_use;     /* under owner->lock */
-  /* writer only: an event left for later (weft__trace_later) */
+  /* writer only: an event left for later (weft__trace_later), and the
+   * first argument of the last run written (WEFT_EV_FOLDED) */
   bool held;
-  uint64_t held_w, held_a, held_b;
+  uint64_t held_w, held_a, held_b, run_a;
   struct weft__ev ev[] WEFT_ALIGNED;
 };
 
@@ -129,17 +134,28 @@ static inline void weft__trace_put(struct weft__ring *r, uint64_t t, uint64_t w,
 }
 
 /* Writes an event into the calling thread's ring, if it has one; an event
- * held for later goes first, at the same time. */
+ * held for later goes first, at the same time. A held end that a run on
+ * the same shard follows, of an item that ran one handler and is named
+ * as its run was, is folded into the run: the dump can tell it whole from
+ * the ring's run before (the item's own: a thread's items do not nest),
+ * and the seed case's items, one short handler each, write one event. */
 static inline void weft__trace_at(uint64_t t, unsigned type, unsigned shard,
                                   uint64_t a, uint64_t b) {
   struct weft__ring *r = weft__tls_ring;
   if (!r)
     return;
+  uint64_t w = weft__trace_word(r, type, shard);
   if (r->held) {
     r->held = false;
-    weft__trace_put(r, t, r->held_w, r->held_a, r->held_b);
+    if (type == WEFT_EV_RUN && r->held_b == 1 && r->held_a == r->run_a &&
+        r->held_w == ((w & ~(uint64_t)0xff) | WEFT_EV_END))
+      w |= WEFT_EV_FOLDED;
+    else
+      weft__trace_put(r, t, r->held_w, r->held_a, r->held_b);
   }
-  weft__trace_put(r, t, weft__trace_word(r, type, shard), a, b);
+  if (type == WEFT_EV_RUN)
+    r->run_a = a;
+  weft__trace_put(r, t, w, a, b);
 }
 
 /* Writes an event held for later now, at a tick read now. */
