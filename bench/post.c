@@ -14,6 +14,13 @@
  *  wake_p50_us / wake_p99_us: a thread outside the runtime posts to a
  *    runtime that is parked (it sleeps ~200 us between posts); the time from
  *    just before weft_post_rt to the handler's first instruction.
+ *  tick_read_ns (tick_source): one read of the counter weft's flight
+ *    recorder stamps its events with, chosen as src/hist.c chooses it (the
+ *    CPU's counter where /proc/cpuinfo says it runs at a constant rate
+ *    through sleep states, else CLOCK_MONOTONIC); the least of 5 runs of
+ *    10^6 reads. The recorder needs one per run-queue item at least, so
+ *    over an item's time it is the floor of the recorder's cost
+ *    (tools/bench-report, trace_overhead).
  *
  * The same workloads run on Asio (build/bench/peers/asio_post) when it was
  * built; the last line is one JSON object with both and the ratios.
@@ -31,10 +38,65 @@
 
 #include "benchutil.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
+
 static uint64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Whether the CPU's counter is usable, as src/hist.c decides it. */
+static bool cpu_counter(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  FILE *f = fopen("/proc/cpuinfo", "re");
+  if (!f)
+    return false;
+  char line[4096];
+  bool ok = false;
+  while (fgets(line, sizeof(line), f)) {
+    if (strncmp(line, "flags", 5) != 0)
+      continue;
+    ok = strstr(line, " constant_tsc") && strstr(line, " nonstop_tsc");
+    break;
+  }
+  fclose(f);
+  return ok;
+#elif defined(__aarch64__)
+  return true;
+#else
+  return false;
+#endif
+}
+
+static inline uint64_t tick(bool counter) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (counter)
+    return __rdtsc();
+#elif defined(__aarch64__)
+  if (counter) {
+    uint64_t v;
+    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+  }
+#endif
+  return now_ns();
+}
+
+static double tick_read_ns(bool counter) {
+  double best = 0;
+  for (int r = 0; r < 5; r++) {
+    volatile uint64_t sink = 0;
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 1000000; i++)
+      sink += tick(counter);
+    double ns = (double)(now_ns() - t0) / 1e6;
+    if (!r || ns < best)
+      best = ns;
+  }
+  return best;
 }
 
 static void check(int r, const char *what) {
@@ -165,19 +227,22 @@ int main(int argc, char **argv) {
   double ns = chains_run_ns(iterations, 1), pair = chains_run_ns(iterations, 2),
          p50, p99;
   wake_latency(samples, &p50, &p99);
+  bool counter = cpu_counter();
+  double tick_ns = tick_read_ns(counter);
   double a[4];
   bool have = peer && run_peer(iterations, samples, a);
   printf("weft: post+run %.1f ns, two chains on two workers %.1f ns, wake "
-         "p50 %.1f us p99 %.1f us\n",
-         ns, pair, p50, p99);
+         "p50 %.1f us p99 %.1f us; a tick read %.1f ns\n",
+         ns, pair, p50, p99, tick_ns);
   if (have)
     printf("asio: post+run %.1f ns, two chains on two threads %.1f ns, wake "
            "p50 %.1f us p99 %.1f us\n",
            a[0], a[3], a[1], a[2]);
   printf("{\"bench\":\"post\",\"iterations\":%ld,\"samples\":%d,"
          "\"post_run_ns\":%.2f,\"pair_run_ns\":%.2f,\"wake_p50_us\":%.2f,"
-         "\"wake_p99_us\":%.2f",
-         iterations, samples, ns, pair, p50, p99);
+         "\"wake_p99_us\":%.2f,\"tick_read_ns\":%.2f,\"tick_source\":\"%s\"",
+         iterations, samples, ns, pair, p50, p99, tick_ns,
+         counter ? "cpu" : "clock_gettime");
   if (have)
     printf(",\"asio_post_run_ns\":%.2f,\"asio_pair_run_ns\":%.2f,"
            "\"asio_wake_p50_us\":%.2f,\"asio_wake_p99_us\":%.2f,"
