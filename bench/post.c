@@ -15,12 +15,11 @@
  *    runtime that is parked (it sleeps ~200 us between posts); the time from
  *    just before weft_post_rt to the handler's first instruction.
  *  tick_read_ns (tick_source): one read of the counter weft's flight
- *    recorder stamps its events with, chosen as src/hist.c chooses it (the
- *    CPU's counter where /proc/cpuinfo says it runs at a constant rate
- *    through sleep states, else CLOCK_MONOTONIC); the least of 5 runs of
- *    10^6 reads. The recorder needs one per run-queue item at least, so
- *    over an item's time it is the floor of the recorder's cost
- *    (tools/bench-report, trace_overhead).
+ *    recorder stamps its events with (src/trace.h, weft__ticks: the CPU's
+ *    counter where it runs at a constant rate through sleep states, else
+ *    CLOCK_MONOTONIC); the least of 5 runs of 10^6 reads. The recorder
+ *    needs one per run-queue item at least, so over an item's time it is
+ *    the floor of the recorder's cost (tools/bench-report, trace_overhead).
  *
  * The same workloads run on Asio (build/bench/peers/asio_post) when it was
  * built; the last line is one JSON object with both and the ratios.
@@ -38,9 +37,8 @@
 
 #include "benchutil.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <x86intrin.h>
-#endif
+/* weft__ticks: the counter itself, as the library reads it */
+#include "trace.h"
 
 static uint64_t now_ns(void) {
   struct timespec ts;
@@ -48,50 +46,16 @@ static uint64_t now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Whether the CPU's counter is usable, as src/hist.c decides it. */
-static bool cpu_counter(void) {
-#if defined(__x86_64__) || defined(__i386__)
-  FILE *f = fopen("/proc/cpuinfo", "re");
-  if (!f)
-    return false;
-  char line[4096];
-  bool ok = false;
-  while (fgets(line, sizeof(line), f)) {
-    if (strncmp(line, "flags", 5) != 0)
-      continue;
-    ok = strstr(line, " constant_tsc") && strstr(line, " nonstop_tsc");
-    break;
-  }
-  fclose(f);
-  return ok;
-#elif defined(__aarch64__)
-  return true;
-#else
-  return false;
-#endif
-}
+static volatile uint64_t tick_sink; /* keeps the reads */
 
-static inline uint64_t tick(bool counter) {
-#if defined(__x86_64__) || defined(__i386__)
-  if (counter)
-    return __rdtsc();
-#elif defined(__aarch64__)
-  if (counter) {
-    uint64_t v;
-    __asm__ volatile("mrs %0, cntvct_el0" : "=r"(v));
-    return v;
-  }
-#endif
-  return now_ns();
-}
-
-static double tick_read_ns(bool counter) {
+/* After a runtime was created: weft__hist_calibrate has chosen the
+ * counter (weft__trace_tsc). */
+static double tick_read_ns(void) {
   double best = 0;
   for (int r = 0; r < 5; r++) {
-    volatile uint64_t sink = 0;
     uint64_t t0 = now_ns();
     for (int i = 0; i < 1000000; i++)
-      sink += tick(counter);
+      tick_sink += weft__ticks();
     double ns = (double)(now_ns() - t0) / 1e6;
     if (!r || ns < best)
       best = ns;
@@ -227,8 +191,7 @@ int main(int argc, char **argv) {
   double ns = chains_run_ns(iterations, 1), pair = chains_run_ns(iterations, 2),
          p50, p99;
   wake_latency(samples, &p50, &p99);
-  bool counter = cpu_counter();
-  double tick_ns = tick_read_ns(counter);
+  double tick_ns = tick_read_ns();
   double a[4];
   bool have = peer && run_peer(iterations, samples, a);
   printf("weft: post+run %.1f ns, two chains on two workers %.1f ns, wake "
@@ -242,7 +205,7 @@ int main(int argc, char **argv) {
          "\"post_run_ns\":%.2f,\"pair_run_ns\":%.2f,\"wake_p50_us\":%.2f,"
          "\"wake_p99_us\":%.2f,\"tick_read_ns\":%.2f,\"tick_source\":\"%s\"",
          iterations, samples, ns, pair, p50, p99, tick_ns,
-         counter ? "cpu" : "clock_gettime");
+         weft__trace_tsc ? "cpu" : "clock_gettime");
   if (have)
     printf(",\"asio_post_run_ns\":%.2f,\"asio_pair_run_ns\":%.2f,"
            "\"asio_wake_p50_us\":%.2f,\"asio_wake_p99_us\":%.2f,"
