@@ -2,11 +2,13 @@
 # Included from the top-level CMakeLists.txt after the targets are defined.
 #
 #   <prefix>/include/weft.h, <prefix>/include/weft/*.h
-#   <libdir>/libweft.so.X.Y.Z, libweft.so.X, libweft.so, libweft.a
+#   <libdir>/libweft.so.X.Y.Z, libweft.so.X, libweft.so, libweft.a,
+#   libweft_sim.a (the simulation build, for tests)
 #   <libdir>/cmake/weft/weft{Config,ConfigVersion,Targets*}.cmake
 #   <libdir>/pkgconfig/weft.pc
 #
-# find_package(weft) provides weft::weft (shared) and weft::weft_static.
+# find_package(weft) provides weft::weft (shared), weft::weft_static and
+# weft::weft_sim.
 include(CMakePackageConfigHelpers)
 
 # The package version comes from project(); the header repeats it. Keep them
@@ -28,7 +30,7 @@ set(WEFT_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/weft"
   CACHE STRING "where the weft CMake package files are installed")
 mark_as_advanced(WEFT_INSTALL_CMAKEDIR)
 
-install(TARGETS weft weft_static
+install(TARGETS weft weft_static weft_sim
   EXPORT weftTargets
   RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}"
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"

@@ -239,6 +239,12 @@ typedef struct weft_config {
    * left alone, and reports come without backtraces (one WEFT_LOG_INFO
    * message says so). The runtime's threads unblock this one signal. */
   int stall_signal;
+  /* Nonzero: a simulated runtime, driven by a PRNG seeded with this (see
+   * "Simulation" below). Only the weft_sim library simulates; others
+   * fail weft_rt_create with -ENOTSUP. 0: in the weft_sim library, the
+   * environment variable WEFT_SIM_SEED if it is set (a nonzero number),
+   * else a real runtime. */
+  uint64_t sim_seed;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
@@ -300,7 +306,9 @@ WEFT_API int weft_rt_shutdown(weft_rt *rt, int how);
  * yet started included: a main thread can wait here for a shutdown that
  * a handler starts (on a signal, say: weft_signal_watch). 0 when it has
  * finished, -ETIMEDOUT if not yet, -EINVAL (rt NULL), -EDEADLK (called
- * from a handler of this runtime). Any thread. */
+ * from a handler of this runtime). Any thread. A simulated runtime runs
+ * here, on the caller's thread, for timeout_ns of virtual time (see
+ * "Simulation"). */
 WEFT_API int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns);
 
 /* Joins every thread and frees the runtime and all its strands, released or
@@ -686,6 +694,61 @@ WEFT_API uint64_t weft_histogram_bucket_low(unsigned i);
  * WEFT_CONFIG_NO_TRACE), -ENOMEM, a write's error. With
  * weft_config.trace_dir, the monitor also dumps after a stall report. */
 WEFT_API int weft_rt_trace_dump(weft_rt *rt, int fd);
+
+/* ---- simulation ----------------------------------------------------------
+ * For tests. The weft_sim library (CMake: weft::weft_sim; -lweft_sim) is
+ * weft built for it. A runtime created there with weft_config.sim_seed
+ * (or WEFT_SIM_SEED) starts no thread: its shards run on the thread that
+ * waits for it, in weft_rt_wait, weft_rt_shutdown without
+ * WEFT_SHUTDOWN_NOWAIT and weft_rt_destroy, one step at a time. A step is
+ * a shard running its next run-queue item (a strand's turn, a timer's
+ * firing, a post from outside; a shard with none of its own steals), or a
+ * queued blocking job running. A PRNG seeded with sim_seed chooses each
+ * step, which job, and whom a shard steals from. Time is virtual:
+ * weft_now_ns and the timers read a clock that moves 1-2000 ns (drawn)
+ * with each handler call and each step and, when nothing can run, jumps
+ * to the next timer's deadline, so an hour of timeouts passes in
+ * milliseconds. weft_rt_wait's timeout is virtual too: when nothing is
+ * left to run before it, the clock jumps to it. What main posts or starts
+ * before the wait is taken in when the wait begins.
+ *
+ * The same program and seed call the same handlers in the same order at
+ * the same virtual times, in any process. weft_sim_info.log_hash sums
+ * that sequence up; WEFT_SIM_LOG=FILE writes it out, a line per call
+ * (virtual ns, shard or -1 for a blocking job, function, strand, each
+ * numbered by first appearance), to compare two runs. A run that crashes
+ * (an assert, a fault) prints its seed and how to replay it first, if the
+ * application left that signal's action at its default.
+ *
+ * Differences from a real runtime: 4 shards unless workers says
+ * otherwise; no monitor (a handler that blocks holds up the whole
+ * simulation) and no flight recorder; sockets, name resolution, signal
+ * watchers and child processes fail with -ENOTSUP (there is no simulated
+ * network yet); files go through the blocking pool. Timers due at the
+ * same instant fire in the order they were started, as on a real
+ * runtime. While a simulation lives it is the process's only runtime:
+ * creating another of either kind fails with -EBUSY. A wait that only a
+ * thread outside could end (nothing to run, no timer armed, no shutdown
+ * started, no timeout) returns -EDEADLK and logs why. Posts from other
+ * threads of the application during a wait are taken in when they come,
+ * which a seed does not repeat. */
+
+/* Where a simulation stands (weft_rt_sim_info). */
+typedef struct weft_sim_info {
+  uint64_t seed;     /* the seed in use */
+  uint64_t now_ns;   /* the virtual clock (weft_now_ns) */
+  uint64_t steps;    /* steps taken */
+  uint64_t handlers; /* handler and job calls */
+  uint64_t log_hash; /* FNV-1a over the calls, as WEFT_SIM_LOG writes them */
+} weft_sim_info;
+
+/* Reads rt's simulation state. Errors: -EINVAL (rt or out NULL),
+ * -ENOTSUP (rt is not simulated). Any thread. */
+WEFT_API int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out,
+                                    size_t size);
+static inline int weft_rt_sim_info(weft_rt *rt, weft_sim_info *out) {
+  return weft_rt_sim_info_sized(rt, out, sizeof(*out));
+}
 
 #ifdef __cplusplus
 }

@@ -22,6 +22,7 @@
 #include "clock.h"
 #include "rt.h"
 #include "shard.h"
+#include "sim.h"
 #include "strand.h"
 #include "thread.h"
 
@@ -173,6 +174,36 @@ struct pool_arg {
   struct pool_thread *self;
 };
 
+/* Runs queued job j and delivers its done; called and returns with
+ * b->lock held, which it drops meanwhile. */
+static void run_locked(weft_rt *rt, struct weft__blocking *b, struct job *j) {
+  unlink_job(b, j);
+  j->state = J_RUNNING;
+  b->running++;
+  uint64_t queued = j->queued_ns;
+  weft_work_fn work = j->work;
+  pthread_mutex_unlock(&b->lock);
+  uint64_t t0 = weft__now_ns();
+  uint64_t wait = t0 > queued ? t0 - queued : 0;
+  weft__hist_add_shared(&rt->outside.hist[WEFT_HIST_POOL_WAIT], wait);
+  weft__trace(WEFT_EV_JOB, WEFT_TRACE_NO_SHARD, (uintptr_t)work, wait);
+#ifdef WEFT_SIM
+  if (rt->sim)
+    weft__sim_note(rt, -1, (const void *)work, NULL);
+#endif
+  long result = work(j->arg);
+  uint64_t t1 = weft__now_ns();
+  weft__trace(WEFT_EV_JOB_END, WEFT_TRACE_NO_SHARD, (uintptr_t)work, 0);
+  pthread_mutex_lock(&b->lock);
+  j->result = result;
+  j->state = J_DONE;
+  b->running--;
+  b->busy_ns += t1 - t0;
+  pthread_mutex_unlock(&b->lock);
+  deliver(rt, j);
+  pthread_mutex_lock(&b->lock);
+}
+
 static void *pool_loop(void *p) {
   struct pool_arg a = *(struct pool_arg *)p;
   free(p);
@@ -193,28 +224,7 @@ static void *pool_loop(void *p) {
         break; /* idle for long: exit */
       continue;
     }
-    struct job *j = b->head;
-    unlink_job(b, j);
-    j->state = J_RUNNING;
-    b->running++;
-    uint64_t queued = j->queued_ns;
-    weft_work_fn work = j->work;
-    pthread_mutex_unlock(&b->lock);
-    uint64_t t0 = weft__now_ns();
-    uint64_t wait = t0 > queued ? t0 - queued : 0;
-    weft__hist_add_shared(&a.rt->outside.hist[WEFT_HIST_POOL_WAIT], wait);
-    weft__trace(WEFT_EV_JOB, WEFT_TRACE_NO_SHARD, (uintptr_t)work, wait);
-    long result = work(j->arg);
-    uint64_t t1 = weft__now_ns();
-    weft__trace(WEFT_EV_JOB_END, WEFT_TRACE_NO_SHARD, (uintptr_t)work, 0);
-    pthread_mutex_lock(&b->lock);
-    j->result = result;
-    j->state = J_DONE;
-    b->running--;
-    b->busy_ns += t1 - t0;
-    pthread_mutex_unlock(&b->lock);
-    deliver(a.rt, j);
-    pthread_mutex_lock(&b->lock);
+    run_locked(a.rt, b, b->head);
   }
   b->live--;
   a.self->state = WEFT_TH_EXITED;
@@ -302,7 +312,8 @@ int weft__blocking_submit(weft_rt *rt, struct weft__blocking *b,
   b->queued++;
   if (b->idle)
     pthread_cond_signal(&b->cond);
-  r = maybe_spawn(rt, b);
+  /* A simulation runs jobs itself (weft__blocking_sim_step). */
+  r = weft__simulated(rt) ? 0 : maybe_spawn(rt, b);
   /* Accepted only if some thread will run it: a live one (each takes the
    * queue's head whenever it is free, and exits only with the queue empty,
    * both under the lock) or the one just started. */
@@ -369,6 +380,36 @@ void weft__blocking_shutdown(weft_rt *rt) {
   pool_shutdown(rt, rt->blocking);
   pool_shutdown(rt, rt->resolver);
 }
+
+#ifdef WEFT_SIM
+unsigned weft__blocking_sim_queued(weft_rt *rt) {
+  unsigned n = 0;
+  struct weft__blocking *pools[] = {rt->blocking, rt->resolver};
+  for (int i = 0; i < 2; i++) {
+    pthread_mutex_lock(&pools[i]->lock);
+    n += pools[i]->queued;
+    pthread_mutex_unlock(&pools[i]->lock);
+  }
+  return n;
+}
+
+void weft__blocking_sim_step(weft_rt *rt, uint64_t pick) {
+  struct weft__blocking *pools[] = {rt->blocking, rt->resolver};
+  unsigned k = (unsigned)(pick % weft__blocking_sim_queued(rt));
+  for (int i = 0; i < 2; i++) {
+    struct weft__blocking *b = pools[i];
+    pthread_mutex_lock(&b->lock);
+    struct job *j = b->head;
+    for (; j && k; j = j->next)
+      k--;
+    if (j)
+      run_locked(rt, b, j);
+    pthread_mutex_unlock(&b->lock);
+    if (j)
+      return;
+  }
+}
+#endif
 
 void weft__blocking_stats(weft_rt *rt, weft_stats *out) {
   struct weft__blocking *b = rt->blocking;

@@ -2,7 +2,9 @@
  * clock.h - the runtime's one clock: CLOCK_MONOTONIC in nanoseconds, read
  * through the vDSO. Timers, the monitor, parking and the backends'
  * timeouts all count in it, and so does weft_now_ns. The model build
- * (atomics.h) reads the explorer's virtual clock instead.
+ * (atomics.h) reads the explorer's virtual clock instead, and the
+ * simulation build (WEFT_SIM, sim.h) the simulation's while a simulated
+ * runtime exists.
  */
 #ifndef WEFT_CLOCK_H
 #define WEFT_CLOCK_H
@@ -14,10 +16,22 @@
 /* tests/model/model.c: virtual time, which moves with the explored steps */
 uint64_t weft__model_now_ns(void);
 #endif
+#ifdef WEFT_SIM
+#include <stdatomic.h>
+/* sim.c: the virtual clock, and whether it is in use (a simulated runtime
+ * exists; at most one does at a time). Written by the thread that drives
+ * the simulation, read by any. */
+extern _Atomic uint64_t weft__sim_clock;
+extern _Atomic uint32_t weft__sim_live;
+#endif
 
 static inline uint64_t weft__now_ns(void) {
 #ifdef WEFT_MODEL
   return weft__model_now_ns();
+#endif
+#ifdef WEFT_SIM
+  if (atomic_load_explicit(&weft__sim_live, memory_order_acquire))
+    return atomic_load_explicit(&weft__sim_clock, memory_order_relaxed);
 #endif
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -7,7 +7,7 @@
  *   atomics.h clock.h futex.h lock.h   the leaf utilities
  *   core.h                             this file
  *   log.h pool.h runq.h park.h thread.h timer.h strand.h monitor.h
- *   backtrace.h blocking.h timer_serve.h listen.h
+ *   backtrace.h blocking.h timer_serve.h listen.h sim.h
  *                                      the parts' types and calls
  *   rt.h       the runtime: settings, and each part's state
  *   shard.h    a shard, the bracket around every handler, homes

@@ -151,7 +151,8 @@ static int check(weft_rt *rt, weft_strand *s, const char *host,
   int sr = weft__strand_usable(rt, s);
   if (sr)
     return sr;
-  return 0;
+  /* The name service is the network, which a simulation has not yet. */
+  return weft__simulated(rt) ? -ENOTSUP : 0;
 }
 
 int weft_resolve(weft_rt *rt, weft_strand *s, const char *host,

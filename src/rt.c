@@ -35,6 +35,7 @@
 #include "process.h"
 #include "shard.h"
 #include "signal.h"
+#include "sim.h"
 #include "sock.h"
 #include "strand.h"
 #include "tcp.h"
@@ -155,6 +156,9 @@ static void rt_free(weft_rt *rt) {
   pthread_attr_destroy(&rt->th.lazy_attr);
   free(rt->th.spares);
   weft__trace_free(rt);
+#ifdef WEFT_SIM
+  weft__sim_detach(rt);
+#endif
   free(rt);
 }
 
@@ -229,8 +233,8 @@ static int resolve(weft_config *out) {
     out->resolve_threads = 8;
   if (!out->eager_workers)
     out->eager_workers = cpus_allowed();
-  if (out->eager_workers > out->workers)
-    out->eager_workers = out->workers;
+  if (out->eager_workers > out->workers || out->sim_seed)
+    out->eager_workers = out->workers; /* a simulation's never sleep */
   return 0;
 }
 
@@ -253,6 +257,12 @@ static void join_all(weft_rt *rt) {
 }
 
 static void wait_done(weft_rt *rt) {
+#ifdef WEFT_SIM
+  if (rt->sim) {
+    weft__sim_run(rt, UINT64_MAX);
+    return;
+  }
+#endif
   pthread_mutex_lock(&rt->life.lock);
   while (!weft__load(&rt->life.done, WA_ACQ))
     pthread_cond_wait(&rt->life.cond, &rt->life.lock);
@@ -378,6 +388,10 @@ static void shards_init(weft_rt *rt) {
     sh->rt = rt;
     sh->idx = i;
     sh->rng = 0x9e3779b9u * (i + 1);
+#ifdef WEFT_SIM
+    if (rt->sim)
+      sh->rng = weft__sim_shard_seed(rt, i);
+#endif
     sh->peek = i; /* shards look at the others from different places */
     sh->home_next = i;
     t->rt = rt;
@@ -403,6 +417,13 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
   pthread_once(&once, atfork_register);
   *out = NULL;
   int r = config_copy(cfg, cfg_size, &c);
+#ifdef WEFT_SIM
+  if (!r)
+    r = weft__sim_config(&c);
+#else
+  if (!r && c.sim_seed)
+    r = -ENOTSUP; /* a simulation needs the weft_sim library */
+#endif
   if (!r)
     r = resolve(&c);
   if (r)
@@ -412,6 +433,15 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
     return -ENOMEM;
   rt->fork_gen = weft__load(&weft__fork_gen, WA_RLX);
   r = rt_init(rt, &c);
+#ifdef WEFT_SIM
+  if (!r) /* after rt_init, which times the ticks against the real clock */
+    r = weft__sim_attach(rt, c.sim_seed);
+#else
+  if (!r && getenv("WEFT_SIM_SEED"))
+    weft__log(rt, WEFT_LOG_WARN,
+              "WEFT_SIM_SEED is set, but only the weft_sim library "
+              "simulates: this runtime is real");
+#endif
   if (r) {
     rt_free(rt);
     return r;
@@ -430,7 +460,7 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
   }
   /* Rings or epoll sets, eventfds: before any thread can sleep in them. */
   r = weft__io_init(rt, c.backend);
-  if (!r)
+  if (!r && !weft__simulated(rt)) /* a simulation's run where it is waited */
     r = start_threads(rt, !(c.flags & WEFT_CONFIG_NO_MONITOR));
   if (r) {
     rt_free(rt);
@@ -506,6 +536,10 @@ int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
   if (on_own_thread(rt))
     return -EDEADLK;
   uint64_t deadline = weft__now_ns() + timeout_ns;
+#ifdef WEFT_SIM
+  if (rt->sim) /* virtual time; an overflow is for ever (sim.c) */
+    return weft__sim_run(rt, deadline < timeout_ns ? UINT64_MAX : deadline);
+#endif
   if (deadline < timeout_ns)
     deadline = UINT64_MAX / 2;
   struct timespec ts = weft__timespec(deadline);

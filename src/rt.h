@@ -116,7 +116,24 @@ struct weft_rt {
 
   struct weft__blocking *blocking;
   struct weft__blocking *resolver; /* weft_resolve's pool (resolve.c) */
+
+#ifdef WEFT_SIM
+  /* Simulation (sim.c): NULL for a real runtime. sim_claim: which count
+   * of sim.c's this runtime holds (0 none, 1 real, 2 simulated). */
+  struct weft__sim *sim;
+  int sim_claim;
+#endif
 };
+
+/* Whether rt is simulated (sim.h); false outside the weft_sim library. */
+static inline bool weft__simulated(const weft_rt *rt) {
+#ifdef WEFT_SIM
+  return rt->sim != NULL;
+#else
+  (void)rt;
+  return false;
+#endif
+}
 
 /* Work outside the run loop (rt.c has the argument): a post or a timer
  * start from a thread outside the runtime enters (0, or -ESHUTDOWN once

@@ -234,6 +234,20 @@ static void main_loop(struct weft__thread *t) {
   }
 }
 
+#ifdef WEFT_SIM
+void weft__shard_step(struct weft__thread *t) {
+  weft_rt *rt = t->rt;
+  struct weft__shard *sh = t->shard;
+  weft__item it = next_item(rt, sh);
+  if (!it && weft__to_searching(rt, t))
+    it = steal(rt, sh);
+  if (t->searching)
+    weft__from_searching(rt, t);
+  if (it)
+    run_item(sh, it);
+}
+#endif
+
 void *weft__thread_entry(void *arg) {
   struct weft__thread *t = arg;
   weft_rt *rt = t->rt;

@@ -12,6 +12,7 @@
 #include "pool.h"
 #include "rt.h"
 #include "runq.h"
+#include "sim.h"
 #include "thread.h"
 #include "timer.h"
 
@@ -100,6 +101,10 @@ static inline void weft__handler_enter(struct weft__thread *t, void *fn,
   uint64_t start = weft__load(&t->rt->mon.stamp, WA_RLX) ? weft__now_ns() : 0;
   weft__store(&t->hstart, start, WA_REL);
   t->in_handler = true;
+#ifdef WEFT_SIM
+  if (t->rt->sim)
+    weft__sim_note(t->rt, (int)t->shard->idx, fn, s);
+#endif
   weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_IN, WEFT_HS_STORE_MO);
   /* Stamping may have turned on since the flag was read: say so, and the
    * monitor, maybe asleep for 1.4 thresholds already, counts the handler
@@ -148,6 +153,11 @@ void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it);
 void weft__schedule_prio(weft_rt *rt, struct weft__shard *local, weft__item it);
 /* The threads' start routine (weft__spawn). */
 void *weft__thread_entry(void *arg);
+#ifdef WEFT_SIM
+/* One turn of t's run loop in a simulation (sim.c), t being the calling
+ * thread's self: its next item, or a search, and the item run. */
+void weft__shard_step(struct weft__thread *t);
+#endif
 /* Takes half of a shard's queued work whose owner is not running, into
  * sh's empty rings (timer_serve.c finds such shards). */
 void weft__take_from_stuck(struct weft__shard *sh, struct weft__shard *v);

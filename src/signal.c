@@ -249,6 +249,8 @@ int weft_signal_watch(weft_rt *rt, weft_strand *s, int signo, weft_signal_fn fn,
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
+  if (weft__simulated(rt))
+    return -ENOTSUP; /* a dispatcher thread would post out of turn */
   if (s && s->rt != rt)
     return -EXDEV;
   if (s && !weft__strand_live(s))

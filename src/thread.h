@@ -112,10 +112,18 @@ void weft__set_self(struct weft__thread *t);
  * the handler's epoch: the monitor reads cur_fn, then checks that the
  * epoch is still current (monitor.c, stuck_in), so it names either
  * function of that handler, never one of another. */
+#ifdef WEFT_SIM
+/* sim.c: the call, in a simulated runtime's log. */
+void weft__sim_calling(struct weft__thread *t, const void *fn);
+#endif
 static inline void weft__calling(void *fn) {
   struct weft__thread *t = weft__self();
-  if (t)
+  if (t) {
     weft__store(&t->cur_fn, fn, WA_RLX);
+#ifdef WEFT_SIM
+    weft__sim_calling(t, fn);
+#endif
+  }
 }
 void weft__set_current_strand(weft_strand *s);
 

@@ -29,6 +29,11 @@ int main(void) {
     fprintf(stderr, "weft_rt_shutdown: %s\n", weft_strerror(rc));
     return 1;
   }
+  /* Linked with weft_sim and run with WEFT_SIM_SEED: simulated. */
+  weft_sim_info si;
+  if (weft_rt_sim_info(rt, &si) == 0)
+    printf("simulated, seed %llu, %llu handler calls; ",
+           (unsigned long long)si.seed, (unsigned long long)si.handlers);
   rc = weft_rt_destroy(rt);
   if (rc != 0) {
     fprintf(stderr, "weft_rt_destroy: %s\n", weft_strerror(rc));

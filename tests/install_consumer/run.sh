@@ -3,7 +3,8 @@
 #
 # Installs the (already built) weft build tree BUILD_DIR into a fresh
 # temporary prefix, then builds and runs the consumer in this directory
-#   1. with CMake: find_package(weft) + weft::weft (and weft::weft_static),
+#   1. with CMake: find_package(weft) + weft::weft (and weft::weft_static,
+#      and weft::weft_sim, run simulated with WEFT_SIM_SEED),
 #   2. with pkg-config and the C compiler directly.
 # SOURCE_DIR is the weft source root (or this directory). The consumer is
 # built with the compiler and sanitizer of BUILD_DIR, so it also works in the
@@ -66,7 +67,7 @@ for h in net.h sys.h; do
 done
 pc=$(find "$prefix" -name weft.pc -path '*/pkgconfig/*' | head -n 1)
 [ -n "$pc" ] || fail "weft.pc not installed"
-for f in libweft.a libweft.so; do
+for f in libweft.a libweft.so libweft_sim.a; do
   [ -e "$(dirname "$(dirname "$pc")")/$f" ] || fail "$f not installed"
 done
 
@@ -104,4 +105,14 @@ for exe in "$tmp/cmake/consumer" "$tmp/cmake/consumer_static" "$tmp/consumer_pc"
     fail "$name exited with status $?"
   echo "install_consumer: $name: $out"
 done
+# The simulation build: the same program, simulated (the same source does
+# not change; the environment seeds it).
+exe=$tmp/cmake/consumer_sim
+[ -x "$exe" ] || fail "cmake/consumer_sim was not built"
+out=$(WEFT_SIM_SEED=3 "$exe") || fail "cmake/consumer_sim exited with status $?"
+case $out in
+  "simulated, seed 3, 1 handler calls; weft "*) ;;
+  *) fail "cmake/consumer_sim with WEFT_SIM_SEED=3 printed '$out'" ;;
+esac
+echo "install_consumer: cmake/consumer_sim (WEFT_SIM_SEED=3): $out"
 echo "install_consumer: OK"

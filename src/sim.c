@@ -1,0 +1,423 @@
+/*
+ * sim.c - simulation (sim.h): the driver, the virtual clock, the log of
+ * handler calls and its hash, and the line that names the seed when a
+ * simulated run crashes. Compiled into every library; everything but the
+ * weft_rt_sim_info stub is in the weft_sim build only (WEFT_SIM).
+ *
+ * A step is one of: a shard's thread takes its next item (its rings, a
+ * due timer, the inject queue, a steal) and runs it, as its run loop
+ * would; or a queued blocking job runs, as a pool thread would. Every
+ * shard is a candidate while any work is queued anywhere (one with none
+ * of its own steals, which is how work moves between shards), and the
+ * blocking jobs are one more candidate while any is queued; the PRNG
+ * picks among them, and which queued job runs. Each handler call, and
+ * each step, takes 1 to 2000 virtual nanoseconds, also drawn, so timers
+ * and handlers interleave differently from seed to seed. With nothing queued,
+ * the clock jumps to the earliest armed timer. Everything else the runtime does
+ * on the way is deterministic for a given sequence of choices, so a seed and a
+ * program give one run.
+ *
+ * The log numbers each function and strand by its first appearance
+ * (addresses change from run to run with ASLR and malloc; the order in
+ * which they appear does not), and hashes (virtual time, shard, function,
+ * strand) per call with FNV-1a.
+ */
+#include "sim.h"
+
+#include "rt.h"
+
+#include <errno.h>
+
+#ifndef WEFT_SIM
+
+int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
+  (void)size;
+  return !rt || !out ? -EINVAL : -ENOTSUP;
+}
+
+#else
+
+#include "blocking.h"
+#include "clock.h"
+#include "log.h"
+#include "shard.h"
+#include "thread.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Virtual time starts here, not at 0, so that deadlines computed as
+ * "now minus a span" stay positive. */
+#define CLOCK_BASE (1000ull * 1000000000u)
+#define STEP_NS_MAX 2000u
+#define DEFAULT_WORKERS 4u
+
+_Atomic uint64_t weft__sim_clock;
+_Atomic uint32_t weft__sim_live;
+
+/* The process's runtimes of this library: a simulation changes what
+ * weft__now_ns reads, so none runs beside another runtime. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static unsigned g_real;
+/* The live simulation's seed, for the crash line (async-signal-safe). */
+static volatile sig_atomic_t g_have_seed;
+static uint64_t g_seed;
+
+/* Pointers numbered by first appearance: open addressing, grown at half
+ * full. */
+struct idmap {
+  uintptr_t *keys;
+  uint32_t *ids;
+  size_t cap, n;
+};
+
+struct weft__sim {
+  uint64_t seed, rng;
+  uint64_t steps, handlers, hash;
+  struct idmap fns, strands;
+  FILE *log; /* WEFT_SIM_LOG, or NULL */
+};
+
+/* splitmix64: a full-period generator whose outputs are well mixed even
+ * from seeds 1, 2, 3. */
+static uint64_t rnd(struct weft__sim *m) {
+  uint64_t z = (m->rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+static uint32_t idmap_get(struct idmap *im, const void *p) {
+  uintptr_t k = (uintptr_t)p;
+  if (!k)
+    return 0;
+  if (2 * (im->n + 1) > im->cap) {
+    size_t cap = im->cap ? 2 * im->cap : 256;
+    uintptr_t *keys = calloc(cap, sizeof(*keys));
+    uint32_t *ids = calloc(cap, sizeof(*ids));
+    if (!keys || !ids) { /* numbered 0 from here on: the hash still works */
+      free(keys);
+      free(ids);
+      return 0;
+    }
+    for (size_t i = 0; i < im->cap; i++) {
+      if (!im->keys[i])
+        continue;
+      size_t j = (im->keys[i] * 0x9e3779b97f4a7c15ull >> 20) & (cap - 1);
+      while (keys[j])
+        j = (j + 1) & (cap - 1);
+      keys[j] = im->keys[i];
+      ids[j] = im->ids[i];
+    }
+    free(im->keys);
+    free(im->ids);
+    im->keys = keys;
+    im->ids = ids;
+    im->cap = cap;
+  }
+  size_t j = (k * 0x9e3779b97f4a7c15ull >> 20) & (im->cap - 1);
+  while (im->keys[j] && im->keys[j] != k)
+    j = (j + 1) & (im->cap - 1);
+  if (!im->keys[j]) {
+    im->keys[j] = k;
+    im->ids[j] = (uint32_t)++im->n;
+  }
+  return im->ids[j];
+}
+
+static void hash_word(uint64_t *h, uint64_t w) {
+  for (int i = 0; i < 8; i++) {
+    *h ^= (w >> (8 * i)) & 0xff;
+    *h *= 0x100000001b3ull;
+  }
+}
+
+/* One line of the log, at virtual time t (from the clock's base). */
+static void record(struct weft__sim *m, uint64_t t, int shard, const void *fn,
+                   const void *strand) {
+  uint32_t f = idmap_get(&m->fns, fn), s = idmap_get(&m->strands, strand);
+  hash_word(&m->hash, t);
+  hash_word(&m->hash, (uint64_t)(shard + 1));
+  hash_word(&m->hash, f);
+  hash_word(&m->hash, s);
+  if (m->log) {
+    char name[256];
+    fprintf(m->log, "%" PRIu64 " %d f%u %s s%u\n", t, shard, f,
+            weft__addr_name(fn, name, sizeof(name)), s);
+  }
+}
+
+void weft__sim_note(weft_rt *rt, int shard, const void *fn,
+                    const void *strand) {
+  struct weft__sim *m = rt->sim;
+  /* Each call takes its own span of virtual time, so a strand's long
+   * turn lets the clock, and a timer due meanwhile, move on. */
+  uint64_t span = 1 + rnd(m) % STEP_NS_MAX;
+  uint64_t t = weft__fetch_add(&weft__sim_clock, span, WA_RLX) + span;
+  m->handlers++;
+  record(m, t - CLOCK_BASE, shard, fn, strand);
+}
+
+/* A trampoline of weft's names the user's function it calls: a line of
+ * its own, in the same call's time. */
+void weft__sim_calling(struct weft__thread *t, const void *fn) {
+  struct weft__sim *m = t->rt->sim;
+  if (m && t->shard)
+    record(m, weft__now_ns() - CLOCK_BASE, (int)t->shard->idx, fn, NULL);
+}
+
+/* ---- the crash line ---------------------------------------------------- */
+
+static void put_u64(char *buf, size_t *n, uint64_t v) {
+  char tmp[24];
+  int k = 0;
+  do
+    tmp[k++] = (char)('0' + v % 10);
+  while ((v /= 10) && k < 24);
+  while (k)
+    buf[(*n)++] = tmp[--k];
+}
+
+static void put_str(char *buf, size_t *n, const char *s) {
+  while (*s)
+    buf[(*n)++] = *s++;
+}
+
+/* Names the seed, then lets the signal do what it would have done
+ * (SA_RESETHAND put the default action back on entry). */
+static void on_crash(int sig) {
+  if (g_have_seed) {
+    char buf[160];
+    size_t n = 0;
+    put_str(buf, &n, "weft: simulated run failed, seed ");
+    put_u64(buf, &n, g_seed);
+    put_str(buf, &n, "; replay it with WEFT_SIM_SEED=");
+    put_u64(buf, &n, g_seed);
+    put_str(buf, &n, "\n");
+    ssize_t w = write(STDERR_FILENO, buf, n);
+    (void)w;
+  }
+  raise(sig);
+}
+
+/* Once per process, for each crash signal the application left at its
+ * default: a handler that prints the seed first. */
+static void crash_line_install(void) {
+  static const int sigs[] = {SIGABRT, SIGSEGV, SIGBUS, SIGFPE, SIGILL};
+  for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++) {
+    struct sigaction old, sa;
+    if (sigaction(sigs[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL ||
+        (old.sa_flags & SA_SIGINFO))
+      continue;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_crash;
+    sa.sa_flags = SA_RESETHAND | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(sigs[i], &sa, NULL);
+  }
+}
+
+/* ---- life ---------------------------------------------------------------- */
+
+int weft__sim_config(weft_config *c) {
+  if (!c->sim_seed) {
+    const char *env = getenv("WEFT_SIM_SEED");
+    if (!env || !*env)
+      return 0;
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(env, &end, 0);
+    if (errno || *end || !v)
+      return -EINVAL;
+    c->sim_seed = v;
+  }
+  c->flags |=
+      WEFT_CONFIG_NO_MONITOR | WEFT_CONFIG_NO_TIMER_SPIN | WEFT_CONFIG_NO_TRACE;
+  c->backend = WEFT_BACKEND_NONE;
+  if (!c->workers)
+    c->workers = DEFAULT_WORKERS;
+  return 0;
+}
+
+int weft__sim_attach(weft_rt *rt, uint64_t seed) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  struct weft__sim *m = NULL;
+  if (seed && !(m = calloc(1, sizeof(*m))))
+    return -ENOMEM;
+  pthread_mutex_lock(&g_lock);
+  bool busy = weft__load(&weft__sim_live, WA_RLX) || (seed && g_real);
+  if (!busy && seed) {
+    weft__store(&weft__sim_clock, CLOCK_BASE, WA_RLX);
+    weft__store(&weft__sim_live, 1, WA_REL);
+    g_seed = seed;
+    g_have_seed = 1;
+  } else if (!busy) {
+    g_real++;
+  }
+  pthread_mutex_unlock(&g_lock);
+  if (busy) {
+    free(m);
+    weft__log(rt, WEFT_LOG_ERROR,
+              "a simulated runtime cannot live beside another runtime in one "
+              "process (it sets the clock): destroy the other first");
+    return -EBUSY;
+  }
+  rt->sim_claim = seed ? 2 : 1;
+  if (!seed)
+    return 0;
+  pthread_once(&once, crash_line_install);
+  m->seed = m->rng = seed;
+  m->hash = 0xcbf29ce484222325ull;
+  const char *path = getenv("WEFT_SIM_LOG");
+  if (path && *path && !(m->log = fopen(path, "w")))
+    weft__log(rt, WEFT_LOG_WARN, "WEFT_SIM_LOG: cannot open %s: %s", path,
+              strerror(errno));
+  rt->sim = m;
+  weft__log(rt, WEFT_LOG_DEBUG, "simulated, seed %" PRIu64, seed);
+  return 0;
+}
+
+void weft__sim_detach(weft_rt *rt) {
+  struct weft__sim *m = rt->sim;
+  pthread_mutex_lock(&g_lock);
+  if (rt->sim_claim == 2) {
+    g_have_seed = 0;
+    weft__store(&weft__sim_live, 0, WA_REL);
+  } else if (rt->sim_claim == 1) {
+    g_real--;
+  }
+  pthread_mutex_unlock(&g_lock);
+  rt->sim_claim = 0;
+  rt->sim = NULL;
+  if (!m)
+    return;
+  if (m->log)
+    fclose(m->log);
+  free(m->fns.keys);
+  free(m->fns.ids);
+  free(m->strands.keys);
+  free(m->strands.ids);
+  free(m);
+}
+
+uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i) {
+  (void)i;
+  return (uint32_t)rnd(rt->sim) | 1; /* xorshift's state is never 0 */
+}
+
+/* ---- the driver ---------------------------------------------------------- */
+
+static bool rings_empty(weft_rt *rt) {
+  for (unsigned i = 0; i < rt->nshards; i++)
+    if (weft__runq_len(&rt->shards[i].rq) || weft__runq_len(&rt->shards[i].prq))
+      return false;
+  return true;
+}
+
+static uint64_t next_deadline(weft_rt *rt) {
+  uint64_t next = UINT64_MAX;
+  for (unsigned i = 0; i < rt->nshards; i++) {
+    uint64_t d = weft__load(&rt->shards[i].tm.next, WA_ACQ);
+    if (d < next)
+      next = d;
+  }
+  return next;
+}
+
+/* What park.c's last parker checks, with every thread parked. */
+static bool finished(weft_rt *rt) {
+  return weft__load(&rt->life.closing, WA_SC) &&
+         weft__load(&rt->life.busy, WA_SC) == 0 &&
+         weft__load(&rt->inject.len, WA_SC) <= 0 && rings_empty(rt);
+}
+
+static void declare_done(weft_rt *rt) {
+  pthread_mutex_lock(&rt->life.lock);
+  weft__store(&rt->life.done, 1, WA_SC);
+  pthread_cond_broadcast(&rt->life.cond);
+  pthread_mutex_unlock(&rt->life.lock);
+}
+
+static void step(weft_rt *rt, struct weft__sim *m, bool work, unsigned jobs) {
+  unsigned shards = work ? rt->nshards : 0;
+  uint64_t r = rnd(m);
+  unsigned pick = (unsigned)(r % (shards + (jobs ? 1 : 0)));
+  if (pick < shards) {
+    struct weft__thread *t = &rt->threads[pick];
+    weft__set_self(t);
+    weft__shard_step(t);
+    weft__set_self(NULL);
+  } else {
+    weft__blocking_sim_step(rt, r >> 32);
+  }
+  m->steps++;
+  weft__fetch_add(&weft__sim_clock, 1 + (r >> 8) % STEP_NS_MAX, WA_RLX);
+}
+
+int weft__sim_run(weft_rt *rt, uint64_t deadline) {
+  struct weft__sim *m = rt->sim;
+  for (;;) {
+    if (weft__load(&rt->life.done, WA_ACQ))
+      return 0;
+    if (finished(rt)) {
+      declare_done(rt);
+      return 0;
+    }
+    uint64_t now = weft__now_ns();
+    unsigned jobs = weft__blocking_sim_queued(rt);
+    uint64_t next = next_deadline(rt);
+    bool work = next <= now || weft__load(&rt->inject.len, WA_SC) > 0 ||
+                !rings_empty(rt);
+    if (!work && !jobs) {
+      if (next != UINT64_MAX && next <= deadline) {
+        weft__store(&weft__sim_clock, next, WA_RLX); /* nothing till then */
+        continue;
+      }
+      if (deadline == UINT64_MAX) {
+        /* A real runtime would wait for ever: only a thread outside
+         * could end it, and the one that would is the caller. */
+        if (weft__load(&rt->life.closing, WA_RLX))
+          weft__log(rt, WEFT_LOG_ERROR,
+                    "simulation: nothing left to run and no timer armed, "
+                    "but the shutdown cannot finish (%" PRId64 " busy)",
+                    weft__load(&rt->life.busy, WA_RLX));
+        else
+          weft__log(rt, WEFT_LOG_ERROR,
+                    "simulation: nothing left to run, no timer armed and no "
+                    "shutdown started: this wait could only end by another "
+                    "thread");
+        return -EDEADLK;
+      }
+      weft__store(&weft__sim_clock, deadline > now ? deadline : now, WA_RLX);
+      return -ETIMEDOUT;
+    }
+    if (now >= deadline)
+      return -ETIMEDOUT;
+    step(rt, m, work, jobs);
+  }
+}
+
+int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
+  if (!rt || !out)
+    return -EINVAL;
+  struct weft__sim *m = rt->sim;
+  if (!m)
+    return -ENOTSUP;
+  weft_sim_info s = {
+      .seed = m->seed,
+      .now_ns = weft__now_ns(),
+      .steps = m->steps,
+      .handlers = m->handlers,
+      .log_hash = m->hash,
+  };
+  memcpy(out, &s, size < sizeof(s) ? size : sizeof(s));
+  if (size > sizeof(s))
+    memset((char *)out + sizeof(s), 0, size - sizeof(s));
+  return 0;
+}
+
+#endif

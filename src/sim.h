@@ -1,0 +1,50 @@
+/*
+ * sim.h, sim.c - simulation (weft.h, "Simulation"): a runtime that starts
+ * no thread, whose shards and blocking jobs run one step at a time on the
+ * thread that waits for it, in an order a PRNG seeded by the user chooses,
+ * on a virtual clock. Built into the weft_sim library only (WEFT_SIM);
+ * elsewhere every hook below compiles to nothing. Owns struct weft__sim,
+ * the virtual clock and the process's count of live runtimes of each kind.
+ *
+ * Why a driver and not fibers for the runtime's threads: a runtime thread
+ * between two items holds nothing but its shard, so running one shard's
+ * next item (shard.c, weft__shard_step) as that shard's thread would is
+ * the whole of what a thread does; the choice of which shard steps next
+ * is where the interleavings come from. Parking never happens: the idle
+ * state counts every shard's thread as awake, so producers wake nobody
+ * (park.c, weft__notify_parked returns before its lock), and the driver
+ * sees the queues itself.
+ */
+#ifndef WEFT_SIM_H
+#define WEFT_SIM_H
+
+#include "core.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+struct weft__sim;
+
+#ifdef WEFT_SIM
+/* Resolves cfg->sim_seed (0: WEFT_SIM_SEED from the environment) and, if
+ * the runtime is to be simulated, what simulation fixes: no monitor, no
+ * timer spin, no recorder, no socket backend, 4 shards by default (so the
+ * same seed gives the same run on any machine). -EINVAL for a malformed
+ * WEFT_SIM_SEED. Before the configuration is resolved. */
+int weft__sim_config(weft_config *cfg);
+/* After rt_init, before the shards read the clock: claims the process's
+ * one simulation (or counts a real runtime: none may live beside one) and
+ * sets up rt->sim. -EBUSY, -ENOMEM. */
+int weft__sim_attach(weft_rt *rt, uint64_t seed);
+/* Undoes weft__sim_attach; a no-op if it did not succeed. */
+void weft__sim_detach(weft_rt *rt);
+/* A seeded value for shard i's steal PRNG. */
+uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i);
+/* Runs the simulation on the calling thread until the shutdown has
+ * finished (0) or the virtual clock reaches deadline (-ETIMEDOUT). */
+int weft__sim_run(weft_rt *rt, uint64_t deadline);
+/* A handler call (shard -1: a blocking job), for the log and its hash. */
+void weft__sim_note(weft_rt *rt, int shard, const void *fn, const void *strand);
+#endif
+
+#endif

@@ -1,0 +1,534 @@
+/*
+ * test_sim - simulated runtimes (weft.h, "Simulation"; linked with the
+ * weft_sim library): a seed gives one run, handler for handler, and its
+ * log; other seeds give other interleavings; virtual time jumps to the
+ * next deadline; the waits, a cancelling shutdown and what a simulation
+ * refuses behave as documented; a crash names its seed.
+ *
+ * The workload is a small bank: accounts on strands of their own, each
+ * sending a chain of transfers to others (a debit on its strand, then a
+ * credit posted to the other's), a timer per account with deadlines that
+ * tie across accounts, and a blocking job per account whose done runs on
+ * the account's strand. The last credit starts the shutdown. The test
+ * keeps its own log of which handler ran for which account, in order,
+ * independent of weft's.
+ */
+#include "testutil.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+
+#define ACCOUNTS 8
+#define TRANSFERS 20
+#define START_BALANCE 1000
+#define LOG_MAX 1024
+
+enum { K_DEBIT = 1, K_CREDIT, K_TICK, K_JOB, K_DONE };
+
+struct bank;
+
+struct account {
+  struct bank *b;
+  unsigned idx;
+  weft_strand *s;
+  weft_timer *t;
+  long balance; /* on s only */
+  unsigned sent;
+  uint32_t rng;
+  unsigned ticks;
+  long job_result;
+};
+
+struct credit {
+  struct account *to;
+  long amount;
+};
+
+struct bank {
+  weft_rt *rt;
+  struct account acct[ACCOUNTS];
+  unsigned credits, credits_due;
+  uint32_t log[LOG_MAX];
+  unsigned nlog;
+  uint64_t t0;                /* weft_now_ns when the timers were started */
+  uint64_t tick_at[ACCOUNTS]; /* weft_now_ns at each account's first tick */
+};
+
+/* What a run left behind, to compare runs. */
+struct result {
+  uint64_t log_hash; /* of the test's own log */
+  unsigned nlog;
+  weft_sim_info info;
+  long total;
+};
+
+/* A simulation runs every handler on the waiting thread: plain writes. */
+static void note(struct bank *b, unsigned kind, unsigned idx) {
+  if (b->nlog < LOG_MAX)
+    b->log[b->nlog++] = kind << 8 | idx;
+}
+
+static uint32_t next_rand(uint32_t *s) {
+  uint32_t x = *s;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  return *s = x;
+}
+
+static void credit_fn(void *arg) {
+  struct credit *c = arg;
+  struct bank *b = c->to->b;
+  TU_CHECK(weft_strand_current() == c->to->s);
+  c->to->balance += c->amount;
+  note(b, K_CREDIT, c->to->idx);
+  free(c);
+  if (++b->credits == b->credits_due)
+    TU_CHECK(weft_rt_shutdown(b->rt, WEFT_SHUTDOWN_NOWAIT) == 0);
+}
+
+/* One debit, then the next one queued behind whatever else the strand has:
+ * a chain per account, interleaving with the others'. */
+static void debit_fn(void *arg) {
+  struct account *a = arg;
+  struct bank *b = a->b;
+  TU_CHECK(weft_strand_current() == a->s);
+  unsigned to = (a->idx + 1 + next_rand(&a->rng) % (ACCOUNTS - 1)) % ACCOUNTS;
+  struct credit *c = malloc(sizeof(*c));
+  TU_CHECK(c != NULL);
+  c->to = &b->acct[to];
+  c->amount = 1 + next_rand(&a->rng) % 50;
+  a->balance -= c->amount;
+  note(b, K_DEBIT, a->idx);
+  TU_CHECK(weft_post(c->to->s, credit_fn, c) == 0);
+  if (++a->sent < TRANSFERS)
+    TU_CHECK(weft_post(a->s, debit_fn, a) == 0);
+}
+
+static void tick_fn(void *arg, int status, uint64_t missed) {
+  struct account *a = arg;
+  (void)missed;
+  if (status)
+    return; /* the shutdown's -ECANCELED: the timer's last call */
+  if (!a->ticks++)
+    a->b->tick_at[a->idx] = weft_now_ns();
+  note(a->b, K_TICK, a->idx);
+}
+
+static long job_work(void *arg) {
+  struct account *a = arg;
+  note(a->b, K_JOB, a->idx);
+  return (long)a->idx * 7;
+}
+
+static void job_done(void *arg, long result) {
+  struct account *a = arg;
+  TU_CHECK(weft_strand_current() == a->s);
+  a->job_result = result;
+  note(a->b, K_DONE, a->idx);
+}
+
+static uint64_t fnv(const uint32_t *w, unsigned n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned i = 0; i < n; i++) {
+    h ^= w[i];
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+static void run_bank(uint64_t seed, struct result *out) {
+  struct bank *b = calloc(1, sizeof(*b));
+  assert_non_null(b);
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.sim_seed = seed;
+  assert_int_equal(weft_rt_create(&b->rt, &cfg), 0);
+  b->credits_due = ACCOUNTS * TRANSFERS;
+  b->t0 = weft_now_ns(); /* the clock stands still outside the waits */
+  for (unsigned i = 0; i < ACCOUNTS; i++) {
+    struct account *a = &b->acct[i];
+    a->b = b;
+    a->idx = i;
+    a->balance = START_BALANCE;
+    a->rng = 0x9e3779b9u * (i + 1);
+    assert_int_equal(weft_strand_create(b->rt, &a->s), 0);
+    assert_int_equal(weft_timer_create(b->rt, a->s, &a->t), 0);
+    /* Deadlines tie in pairs: 10 us, 10 us, 20 us, 20 us, ... */
+    assert_int_equal(
+        weft_timer_start(a->t, 10000 * (i / 2 + 1), 15000, tick_fn, a), 0);
+    assert_int_equal(weft_blocking(b->rt, job_work, a, a->s, job_done, NULL),
+                     0);
+    assert_int_equal(weft_post(a->s, debit_fn, a), 0);
+  }
+  /* The last credit starts the shutdown; the wait runs the simulation. */
+  assert_int_equal(weft_rt_wait(b->rt, 60ull * 1000000000u), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+  assert_int_equal(weft_rt_sim_info(b->rt, &out->info), 0);
+  out->total = 0;
+  for (unsigned i = 0; i < ACCOUNTS; i++) {
+    struct account *a = &b->acct[i];
+    out->total += a->balance;
+    assert_int_equal(a->sent, TRANSFERS);
+    assert_int_equal(a->job_result, (long)i * 7);
+    assert_true(a->ticks >= 1);
+    /* Never early; late by the wheel's granularity and steps. */
+    uint64_t due = 10000 * (i / 2 + 1);
+    assert_true(b->tick_at[i] >= b->t0 + due);
+    assert_true(b->tick_at[i] < b->t0 + due + 1000000);
+    weft_timer_destroy(a->t);
+    weft_strand_release(a->s);
+  }
+  assert_int_equal(b->credits, ACCOUNTS * TRANSFERS);
+  out->log_hash = fnv(b->log, b->nlog);
+  out->nlog = b->nlog;
+  assert_int_equal(weft_rt_destroy(b->rt), 0);
+  free(b);
+}
+
+static char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "r");
+  assert_non_null(f);
+  char *buf = NULL;
+  size_t cap = 0, n = 0;
+  for (;;) {
+    if (n == cap) {
+      cap = cap ? 2 * cap : 65536;
+      buf = realloc(buf, cap);
+      assert_non_null(buf);
+    }
+    size_t got = fread(buf + n, 1, cap - n, f);
+    if (!got)
+      break;
+    n += got;
+  }
+  fclose(f);
+  *len = n;
+  return buf;
+}
+
+/* The same seed twice: the same calls in the same order at the same
+ * virtual times, by the test's log, weft's hash and weft's written log. */
+static void test_same_seed_same_run(void **state) {
+  (void)state;
+  char p1[] = "/tmp/weft-sim-log-XXXXXX", p2[] = "/tmp/weft-sim-log-XXXXXX";
+  int f1 = mkstemp(p1), f2 = mkstemp(p2);
+  assert_true(f1 >= 0 && f2 >= 0);
+  close(f1);
+  close(f2);
+  struct result r1, r2;
+  setenv("WEFT_SIM_LOG", p1, 1);
+  run_bank(42, &r1);
+  setenv("WEFT_SIM_LOG", p2, 1);
+  run_bank(42, &r2);
+  unsetenv("WEFT_SIM_LOG");
+  assert_int_equal(r1.total, ACCOUNTS * START_BALANCE);
+  assert_int_equal(r1.info.seed, 42);
+  assert_true(r1.info.handlers > ACCOUNTS * TRANSFERS * 2);
+  assert_int_equal(r1.log_hash, r2.log_hash);
+  assert_int_equal(r1.nlog, r2.nlog);
+  assert_int_equal(r1.info.log_hash, r2.info.log_hash);
+  assert_int_equal(r1.info.handlers, r2.info.handlers);
+  assert_int_equal(r1.info.steps, r2.info.steps);
+  assert_int_equal(r1.info.now_ns, r2.info.now_ns);
+  size_t n1, n2;
+  char *l1 = slurp(p1, &n1), *l2 = slurp(p2, &n2);
+  assert_true(n1 > 0);
+  assert_int_equal(n1, n2);
+  assert_memory_equal(l1, l2, n1);
+  /* A line per call, and one per user function a trampoline of weft's
+   * calls (a timer's, a job's done). */
+  uint64_t lines = 0;
+  for (size_t i = 0; i < n1; i++)
+    lines += l1[i] == '\n';
+  assert_true(lines >= r1.info.handlers);
+  free(l1);
+  free(l2);
+  unlink(p1);
+  unlink(p2);
+}
+
+/* Another process (this program again, --hash SEED): other addresses
+ * (ASLR, malloc), the same run. */
+static void run_in_child(uint64_t seed, char *out, size_t len) {
+  char cmd[512];
+  snprintf(cmd, sizeof(cmd), "/proc/%d/exe --hash %" PRIu64, (int)getpid(),
+           seed);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, len - 1, f);
+  out[n] = 0;
+  assert_int_equal(pclose(f), 0);
+}
+
+static void print_hash(uint64_t seed) {
+  struct result r;
+  run_bank(seed, &r);
+  printf("%016" PRIx64 " %016" PRIx64 " %" PRIu64 " %" PRIu64 "\n", r.log_hash,
+         r.info.log_hash, r.info.handlers, r.info.now_ns);
+}
+
+static void test_same_seed_other_process(void **state) {
+  (void)state;
+  char a[256], b[256];
+  run_in_child(42, a, sizeof(a));
+  run_in_child(42, b, sizeof(b));
+  assert_true(strlen(a) > 40);
+  assert_string_equal(a, b);
+  run_in_child(43, b, sizeof(b));
+  assert_string_not_equal(a, b);
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Seeds 1..N: every run keeps the bank's invariants, and the runs' orders
+ * differ (the test's own log: which account's handler ran, in order). */
+static void test_seeds_differ(void **state) {
+  (void)state;
+  unsigned n = (unsigned)TU_SCALED(1000, 100);
+  uint64_t *orders = calloc(n, sizeof(*orders));
+  uint64_t *hashes = calloc(n, sizeof(*hashes));
+  assert_true(orders && hashes);
+  for (unsigned i = 0; i < n; i++) {
+    struct result r;
+    run_bank(i + 1, &r);
+    assert_int_equal(r.total, ACCOUNTS * START_BALANCE);
+    orders[i] = r.log_hash;
+    hashes[i] = r.info.log_hash;
+  }
+  unsigned distinct[2] = {1, 1};
+  uint64_t *sets[2] = {orders, hashes};
+  for (int k = 0; k < 2; k++) {
+    qsort(sets[k], n, sizeof(uint64_t), cmp_u64);
+    for (unsigned i = 1; i < n; i++)
+      distinct[k] += sets[k][i] != sets[k][i - 1];
+  }
+  printf("# %u seeds: %u distinct orders, %u distinct weft logs\n", n,
+         distinct[0], distinct[1]);
+  assert_true(distinct[0] >= n * 9 / 10);
+  assert_true(distinct[1] >= distinct[0]);
+  free(orders);
+  free(hashes);
+}
+
+static weft_rt *sim_rt(uint64_t seed) {
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.sim_seed = seed;
+  weft_rt *rt;
+  assert_int_equal(weft_rt_create(&rt, &cfg), 0);
+  return rt;
+}
+
+struct clock_seen {
+  uint64_t at[8];
+  unsigned n;
+};
+
+static void hour_fn(void *arg, int status, uint64_t missed) {
+  struct clock_seen *c = arg;
+  (void)missed;
+  if (status == 0 && c->n < 8)
+    c->at[c->n++] = weft_now_ns();
+}
+
+/* An hour of virtual time: the clock jumps to the deadline; a wait's
+ * timeout is virtual too and moves the clock to it when nothing is due. */
+static void test_virtual_time(void **state) {
+  (void)state;
+  weft_rt *rt = sim_rt(7);
+  const uint64_t hour = 3600ull * 1000000000u, sec = 1000000000u;
+  struct clock_seen c = {0};
+  weft_timer *t;
+  assert_int_equal(weft_timer_create(rt, NULL, &t), 0);
+  uint64_t t0 = weft_now_ns();
+  assert_int_equal(weft_timer_start(t, hour, 0, hour_fn, &c), 0);
+  /* Nothing is due within a second: -ETIMEDOUT, the clock a second on. */
+  assert_int_equal(weft_rt_wait(rt, sec), -ETIMEDOUT);
+  assert_int_equal(weft_now_ns(), t0 + sec);
+  assert_int_equal(c.n, 0);
+  assert_int_equal(weft_rt_wait(rt, 2 * hour), -ETIMEDOUT);
+  assert_int_equal(c.n, 1);
+  assert_true(c.at[0] >= t0 + hour);
+  assert_true(c.at[0] < t0 + hour + 1000000); /* wheel granularity, steps */
+  assert_int_equal(weft_now_ns(), t0 + sec + 2 * hour);
+  weft_sim_info si;
+  assert_int_equal(weft_rt_sim_info(rt, &si), 0);
+  assert_int_equal(si.now_ns, weft_now_ns());
+  weft_timer_destroy(t);
+  /* Nothing to run, nothing armed, no shutdown: only a thread outside
+   * could end a wait for ever, and the caller is that thread. */
+  assert_int_equal(weft_rt_wait(rt, UINT64_MAX), -EDEADLK);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+}
+
+static unsigned g_ran, g_cancelled;
+static void count_ran(void *arg) {
+  (void)arg;
+  g_ran++;
+}
+static void count_cancelled(void *arg) {
+  (void)arg;
+  g_cancelled++;
+}
+static int g_timer_status = 1;
+static void timer_status(void *arg, int status, uint64_t missed) {
+  (void)arg;
+  (void)missed;
+  g_timer_status = status;
+}
+static long job_never(void *arg) {
+  (void)arg;
+  fail_msg("a cancelled job ran");
+  return 0;
+}
+static long g_job_result;
+static void job_result(void *arg, long result) {
+  (void)arg;
+  g_job_result = result;
+}
+
+/* A CANCEL shutdown before anything ran: every post's cancel function,
+ * the armed timer's -ECANCELED call and the queued job's -ECANCELED done,
+ * each exactly once, inside the shutdown's wait. */
+static void test_cancel_shutdown(void **state) {
+  (void)state;
+  weft_rt *rt = sim_rt(3);
+  weft_strand *s;
+  assert_int_equal(weft_strand_create(rt, &s), 0);
+  g_ran = g_cancelled = 0;
+  for (int i = 0; i < 100; i++) {
+    assert_int_equal(weft_post_ex(s, count_ran, count_cancelled, NULL), 0);
+    assert_int_equal(weft_post_rt_ex(rt, count_ran, count_cancelled, NULL), 0);
+  }
+  weft_timer *t;
+  assert_int_equal(weft_timer_create(rt, s, &t), 0);
+  assert_int_equal(weft_timer_start(t, 1000000, 0, timer_status, NULL), 0);
+  g_job_result = 0;
+  assert_int_equal(weft_blocking(rt, job_never, NULL, s, job_result, NULL), 0);
+  assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL), 0);
+  assert_int_equal(g_ran, 0);
+  assert_int_equal(g_cancelled, 200);
+  assert_int_equal(g_timer_status, -ECANCELED);
+  assert_int_equal(g_job_result, -ECANCELED);
+  assert_int_equal(weft_post(s, count_ran, NULL), -ESHUTDOWN);
+  weft_timer_destroy(t);
+  weft_strand_release(s);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+}
+
+static void accept_fn(void *arg, weft_tcp *c) {
+  (void)arg;
+  (void)c;
+  fail_msg("accepted in a simulation");
+}
+
+static void on_signal(void *arg, int signo, uint64_t count) {
+  (void)arg;
+  (void)signo;
+  (void)count;
+}
+
+static void test_refusals(void **state) {
+  (void)state;
+  weft_rt *rt = sim_rt(5), *other;
+  /* One runtime per process while a simulation lives. */
+  weft_config cfg;
+  weft_config_init(&cfg);
+  assert_int_equal(weft_rt_create(&other, &cfg), -EBUSY);
+  cfg.sim_seed = 6;
+  assert_int_equal(weft_rt_create(&other, &cfg), -EBUSY);
+  /* No simulated network, name service or signals yet. */
+  struct sockaddr_in sa = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  weft_listener *l;
+  assert_int_equal(weft_tcp_listen(rt, (struct sockaddr *)&sa, sizeof(sa), NULL,
+                                   accept_fn, NULL, &l),
+                   -ENOTSUP);
+  weft_signal *w;
+  assert_int_equal(weft_signal_watch(rt, NULL, SIGUSR1, NULL, NULL, &w),
+                   -EINVAL);
+  assert_int_equal(weft_signal_watch(rt, NULL, SIGUSR1, on_signal, NULL, &w),
+                   -ENOTSUP);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+
+  /* With the simulation gone, a real runtime may live here again. */
+  weft_config_init(&cfg);
+  cfg.workers = 1;
+  assert_int_equal(weft_rt_create(&rt, &cfg), 0);
+  weft_sim_info si;
+  assert_int_equal(weft_rt_sim_info(rt, &si), -ENOTSUP);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  assert_int_equal(weft_rt_sim_info(NULL, &si), -EINVAL);
+
+  /* WEFT_SIM_SEED seeds a runtime whose configuration does not. */
+  setenv("WEFT_SIM_SEED", "0x2a", 1);
+  assert_int_equal(weft_rt_create(&rt, NULL), 0);
+  assert_int_equal(weft_rt_sim_info(rt, &si), 0);
+  assert_int_equal(si.seed, 42);
+  assert_int_equal(weft_rt_workers(rt), 4);
+  assert_int_equal(weft_rt_destroy(rt), 0);
+  setenv("WEFT_SIM_SEED", "forty-two", 1);
+  assert_int_equal(weft_rt_create(&rt, NULL), -EINVAL);
+  unsetenv("WEFT_SIM_SEED");
+}
+
+static void crash_fn(void *arg) {
+  (void)arg;
+  abort();
+}
+
+/* A run that crashes names its seed on stderr before it dies. */
+static void test_crash_names_seed(void **state) {
+  (void)state;
+  int p[2];
+  assert_int_equal(pipe(p), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    dup2(p[1], STDERR_FILENO);
+    close(p[0]);
+    weft_rt *rt = sim_rt(977);
+    weft_post_rt(rt, crash_fn, NULL);
+    weft_rt_wait(rt, 1000000000u);
+    _exit(0); /* not reached */
+  }
+  close(p[1]);
+  char buf[4096];
+  size_t n = 0;
+  ssize_t got;
+  while (n < sizeof(buf) - 1 &&
+         (got = read(p[0], buf + n, sizeof(buf) - 1 - n)) > 0)
+    n += (size_t)got;
+  buf[n] = 0;
+  close(p[0]);
+  int st;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFSIGNALED(st) && WTERMSIG(st) == SIGABRT);
+  if (!strstr(buf, "replay it with WEFT_SIM_SEED=977"))
+    fail_msg("the crash did not name its seed; stderr: %s", buf);
+}
+
+int main(int argc, char **argv) {
+  if (argc == 3 && strcmp(argv[1], "--hash") == 0) {
+    print_hash(strtoull(argv[2], NULL, 10));
+    return 0;
+  }
+  tu_watchdog_start();
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_same_seed_same_run),
+      cmocka_unit_test(test_same_seed_other_process),
+      cmocka_unit_test(test_seeds_differ),
+      cmocka_unit_test(test_virtual_time),
+      cmocka_unit_test(test_cancel_shutdown),
+      cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_crash_names_seed),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
