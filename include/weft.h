@@ -245,6 +245,13 @@ typedef struct weft_config {
    * environment variable WEFT_SIM_SEED if it is set (a nonzero number),
    * else a real runtime. */
   uint64_t sim_seed;
+  /* A simulation's faults: WEFT_SIM_FAULT_* bits (0: the environment
+   * variable WEFT_SIM_FAULTS, a comma-separated list of refuse, break,
+   * emfile, smallbuf, or all; else none). Each kind enabled strikes at one
+   * in sim_fault_odds of its chances, drawn from the seed (0: 64; the
+   * environment's WEFT_SIM_FAULT_ODDS if set). Ignored by real runtimes. */
+  unsigned sim_faults;
+  unsigned sim_fault_odds;
 } weft_config;
 
 /* Fills cfg with the defaults (all zero means "default"). */
@@ -720,18 +727,40 @@ WEFT_API int weft_rt_trace_dump(weft_rt *rt, int fd);
  * (an assert, a fault) prints its seed and how to replay it first, if the
  * application left that signal's action at its default.
  *
+ * The network is Unix stream sockets (weft_tcp_listen and
+ * weft_tcp_connect with AF_UNIX addresses; an abstract "@name" leaves no
+ * file): between two sockets of one process the kernel's answers follow
+ * from the calls alone, so they replay too. Each shard takes in what its
+ * sockets have ready when nothing else is queued, and a drawn order is
+ * given to the events of each wait. The seed also injects faults where
+ * asked (weft_config.sim_faults, WEFT_SIM_FAULT_*).
+ *
  * Differences from a real runtime: 4 shards unless workers says
- * otherwise; no monitor (a handler that blocks holds up the whole
- * simulation) and no flight recorder; sockets, name resolution, signal
- * watchers and child processes fail with -ENOTSUP (there is no simulated
- * network yet); files go through the blocking pool. Timers due at the
- * same instant fire in the order they were started, as on a real
- * runtime. While a simulation lives it is the process's only runtime:
- * creating another of either kind fails with -EBUSY. A wait that only a
- * thread outside could end (nothing to run, no timer armed, no shutdown
- * started, no timeout) returns -EDEADLK and logs why. Posts from other
- * threads of the application during a wait are taken in when they come,
- * which a seed does not repeat. */
+ * otherwise; the epoll backend; no monitor (a handler that blocks holds up
+ * the whole simulation) and no flight recorder; TCP and UDP sockets, name
+ * resolution, signal watchers and child processes fail with -ENOTSUP;
+ * files go through the blocking pool. Timers due at the same instant fire
+ * in the order they were started, as on a real runtime. While a simulation
+ * lives it is the process's only runtime: creating another of either kind fails
+ * with -EBUSY. A wait that only a thread outside could end (nothing to run, no
+ * timer armed, no shutdown started, no timeout) returns -EDEADLK and logs why.
+ * Posts from other threads of the application during a wait are taken in when
+ * they come, which a seed does not repeat. */
+
+/* Faults a simulation injects (weft_config.sim_faults), each where the
+ * kernel could have caused it, so the code under test meets it as it
+ * would for real. */
+#define WEFT_SIM_FAULT_REFUSE 1u /* a connect fails with -ECONNREFUSED */
+/* A connection breaks before a receive or a send: both ends see it end
+ * (end of file, -EPIPE). */
+#define WEFT_SIM_FAULT_BREAK 2u
+/* Descriptors run out: weft_tcp_connect fails with -EMFILE, or a
+ * listener's accept does (it drops the connections waiting, and pauses). */
+#define WEFT_SIM_FAULT_EMFILE 4u
+/* A new connection gets the kernel's smallest socket buffers: large
+ * writes go out in pieces and reads return less. */
+#define WEFT_SIM_FAULT_SMALLBUF 8u
+#define WEFT_SIM_FAULT_ALL 15u
 
 /* Where a simulation stands (weft_rt_sim_info). */
 typedef struct weft_sim_info {
@@ -740,6 +769,7 @@ typedef struct weft_sim_info {
   uint64_t steps;    /* steps taken */
   uint64_t handlers; /* handler and job calls */
   uint64_t log_hash; /* FNV-1a over the calls, as WEFT_SIM_LOG writes them */
+  uint64_t faults;   /* faults injected */
 } weft_sim_info;
 
 /* Reads rt's simulation state. Errors: -EINVAL (rt or out NULL),

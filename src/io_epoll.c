@@ -76,6 +76,10 @@ bool weft__epoll_wait(struct weft__io *io, uint64_t deadline, bool block) {
     io->evdata[k] = evs[i].data.u64;
     io->evbits[k++] = evs[i].events;
   }
+#ifdef WEFT_SIM
+  if (io->sh->rt->sim) /* the order of one wait's events is a choice */
+    weft__sim_shuffle(io->sh->rt, io->evdata, io->evbits, k);
+#endif
   io->nev = k;
   io->evpos = 0;
   return k > 0;

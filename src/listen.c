@@ -39,6 +39,7 @@
 
 #include "clock.h"
 #include "rt.h"
+#include "sim.h"
 #include "sock.h"
 #include "tcp.h"
 #include "thread.h"
@@ -123,6 +124,8 @@ static bool completes(const struct lsock *ls) {
 static int sync_accept(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
   weft__fetch_add(&l->st_calls, 1, WA_RLX);
+  if (weft__sim_fault(ls->s.rt, WEFT_SIM_FAULT_EMFILE))
+    return -EMFILE;
   int flags = SOCK_CLOEXEC | weft__io_sock_flags(ls->s.rt);
   int fd = accept4(ls->s.fd, NULL, NULL, flags);
   return fd < 0 ? -errno : fd;

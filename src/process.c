@@ -231,6 +231,8 @@ static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
+  if (weft__simulated(rt))
+    return -ENOTSUP; /* a child runs on its own clock */
   int sr = weft__strand_usable(rt, s);
   if (sr)
     return sr;

@@ -435,7 +435,7 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
   r = rt_init(rt, &c);
 #ifdef WEFT_SIM
   if (!r) /* after rt_init, which times the ticks against the real clock */
-    r = weft__sim_attach(rt, c.sim_seed);
+    r = weft__sim_attach(rt, &c);
 #else
   if (!r && getenv("WEFT_SIM_SEED"))
     weft__log(rt, WEFT_LOG_WARN,

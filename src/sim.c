@@ -12,10 +12,14 @@
  * blocking jobs are one more candidate while any is queued; the PRNG
  * picks among them, and which queued job runs. Each handler call, and
  * each step, takes 1 to 2000 virtual nanoseconds, also drawn, so timers
- * and handlers interleave differently from seed to seed. With nothing queued,
- * the clock jumps to the earliest armed timer. Everything else the runtime does
- * on the way is deterministic for a given sequence of choices, so a seed and a
- * program give one run.
+ * and handlers interleave differently from seed to seed. With nothing
+ * queued, each shard's backend takes in what its sockets have ready (in
+ * a drawn order of shards, each wait's events shuffled), and if that
+ * queues nothing, the clock jumps to the earliest armed timer. Everything
+ * else the runtime does on the way, the kernel's answers on Unix sockets
+ * included (docs/design.md, "Simulation"), is deterministic for a given
+ * sequence of choices, so a seed and a program give one run. Faults
+ * (weft__sim_fault) are draws too, taken only for the kinds asked for.
  *
  * The log numbers each function and strand by its first appearance
  * (addresses change from run to run with ASLR and malloc; the order in
@@ -39,6 +43,7 @@ int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
 
 #include "blocking.h"
 #include "clock.h"
+#include "io.h"
 #include "log.h"
 #include "shard.h"
 #include "thread.h"
@@ -77,7 +82,8 @@ struct idmap {
 
 struct weft__sim {
   uint64_t seed, rng;
-  uint64_t steps, handlers, hash;
+  uint64_t steps, handlers, hash, faults;
+  unsigned fault_kinds, fault_odds;
   struct idmap fns, strands;
   FILE *log; /* WEFT_SIM_LOG, or NULL */
 };
@@ -223,27 +229,75 @@ static void crash_line_install(void) {
 
 /* ---- life ---------------------------------------------------------------- */
 
+/* WEFT_SIM_FAULTS: names, comma-separated, into WEFT_SIM_FAULT_* bits;
+ * -EINVAL for a name it does not know. */
+static int faults_parse(const char *s, unsigned *out) {
+  static const struct {
+    const char *name;
+    unsigned bit;
+  } names[] = {{"refuse", WEFT_SIM_FAULT_REFUSE},
+               {"break", WEFT_SIM_FAULT_BREAK},
+               {"emfile", WEFT_SIM_FAULT_EMFILE},
+               {"smallbuf", WEFT_SIM_FAULT_SMALLBUF},
+               {"all", WEFT_SIM_FAULT_ALL}};
+  *out = 0;
+  while (*s) {
+    size_t len = strcspn(s, ",");
+    unsigned i = 0, n = sizeof(names) / sizeof(names[0]);
+    while (i < n && !(strlen(names[i].name) == len &&
+                      strncmp(names[i].name, s, len) == 0))
+      i++;
+    if (i == n)
+      return -EINVAL;
+    *out |= names[i].bit;
+    s += len + (s[len] == ',');
+  }
+  return 0;
+}
+
+static int env_u64(const char *name, uint64_t *out) {
+  const char *env = getenv(name);
+  if (!env || !*env)
+    return 0;
+  char *end;
+  errno = 0;
+  unsigned long long v = strtoull(env, &end, 0);
+  if (errno || *end || !v)
+    return -EINVAL;
+  *out = v;
+  return 1;
+}
+
 int weft__sim_config(weft_config *c) {
   if (!c->sim_seed) {
-    const char *env = getenv("WEFT_SIM_SEED");
-    if (!env || !*env)
-      return 0;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(env, &end, 0);
-    if (errno || *end || !v)
-      return -EINVAL;
-    c->sim_seed = v;
+    int r = env_u64("WEFT_SIM_SEED", &c->sim_seed);
+    if (r <= 0)
+      return r;
   }
+  const char *env = getenv("WEFT_SIM_FAULTS");
+  if (!c->sim_faults && env && faults_parse(env, &c->sim_faults))
+    return -EINVAL;
+  uint64_t odds = 0;
+  if (!c->sim_fault_odds && env_u64("WEFT_SIM_FAULT_ODDS", &odds) < 0)
+    return -EINVAL;
+  if (!c->sim_fault_odds)
+    c->sim_fault_odds = odds && odds <= UINT32_MAX ? (unsigned)odds : 64;
+  if (c->sim_faults & ~WEFT_SIM_FAULT_ALL)
+    return -EINVAL;
   c->flags |=
       WEFT_CONFIG_NO_MONITOR | WEFT_CONFIG_NO_TIMER_SPIN | WEFT_CONFIG_NO_TRACE;
-  c->backend = WEFT_BACKEND_NONE;
+  /* Unix stream sockets, on the kernel's own: between two sockets of one
+   * process, a connect, a send and what epoll reports follow from the
+   * calls alone, in the order they are made, so they are as deterministic
+   * as the calls. TCP and UDP are refused (tcp.c, weft__tcp_check). */
+  c->backend = WEFT_BACKEND_EPOLL;
   if (!c->workers)
     c->workers = DEFAULT_WORKERS;
   return 0;
 }
 
-int weft__sim_attach(weft_rt *rt, uint64_t seed) {
+int weft__sim_attach(weft_rt *rt, const weft_config *c) {
+  uint64_t seed = c->sim_seed;
   static pthread_once_t once = PTHREAD_ONCE_INIT;
   struct weft__sim *m = NULL;
   if (seed && !(m = calloc(1, sizeof(*m))))
@@ -271,6 +325,8 @@ int weft__sim_attach(weft_rt *rt, uint64_t seed) {
     return 0;
   pthread_once(&once, crash_line_install);
   m->seed = m->rng = seed;
+  m->fault_kinds = c->sim_faults;
+  m->fault_odds = c->sim_fault_odds;
   m->hash = 0xcbf29ce484222325ull;
   const char *path = getenv("WEFT_SIM_LOG");
   if (path && *path && !(m->log = fopen(path, "w")))
@@ -302,6 +358,16 @@ void weft__sim_detach(weft_rt *rt) {
   free(m->strands.keys);
   free(m->strands.ids);
   free(m);
+}
+
+bool weft__sim_fault(weft_rt *rt, unsigned kind) {
+  struct weft__sim *m = rt->sim;
+  /* No draw for a kind that is off: runs without faults stay as they
+   * were. */
+  if (!m || !(m->fault_kinds & kind) || rnd(m) % m->fault_odds)
+    return false;
+  m->faults++;
+  return true;
 }
 
 uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i) {
@@ -358,6 +424,39 @@ static void step(weft_rt *rt, struct weft__sim *m, bool work, unsigned jobs) {
   weft__fetch_add(&weft__sim_clock, 1 + (r >> 8) % STEP_NS_MAX, WA_RLX);
 }
 
+/* With nothing queued: each shard's backend, in a drawn order, takes in
+ * what its sockets have ready and queues their handlers, as a thread out
+ * of work would before it parks. Returns whether that queued any work. */
+static bool poll_io(weft_rt *rt, struct weft__sim *m) {
+  if (!weft__load(&rt->io.all, WA_ACQ))
+    return false;
+  unsigned n = rt->nshards, start = (unsigned)(rnd(m) % n);
+  for (unsigned i = 0; i < n; i++) {
+    unsigned k = (start + i) % n;
+    struct weft__io *io = weft__load(&rt->shards[k].io, WA_ACQ);
+    if (!io)
+      continue;
+    weft__set_self(&rt->threads[k]);
+    weft__io_poll(&rt->shards[k], io, true);
+    weft__set_self(NULL);
+  }
+  return weft__load(&rt->inject.len, WA_SC) > 0 || !rings_empty(rt);
+}
+
+void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits,
+                       unsigned n) {
+  struct weft__sim *m = rt->sim;
+  for (unsigned i = n; i > 1; i--) {
+    unsigned j = (unsigned)(rnd(m) % i);
+    uint64_t d = data[i - 1];
+    uint32_t b = bits[i - 1];
+    data[i - 1] = data[j];
+    bits[i - 1] = bits[j];
+    data[j] = d;
+    bits[j] = b;
+  }
+}
+
 int weft__sim_run(weft_rt *rt, uint64_t deadline) {
   struct weft__sim *m = rt->sim;
   for (;;) {
@@ -372,6 +471,8 @@ int weft__sim_run(weft_rt *rt, uint64_t deadline) {
     uint64_t next = next_deadline(rt);
     bool work = next <= now || weft__load(&rt->inject.len, WA_SC) > 0 ||
                 !rings_empty(rt);
+    if (!work && !jobs && poll_io(rt, m))
+      continue;
     if (!work && !jobs) {
       if (next != UINT64_MAX && next <= deadline) {
         weft__store(&weft__sim_clock, next, WA_RLX); /* nothing till then */
@@ -413,6 +514,7 @@ int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
       .steps = m->steps,
       .handlers = m->handlers,
       .log_hash = m->hash,
+      .faults = m->faults,
   };
   memcpy(out, &s, size < sizeof(s) ? size : sizeof(s));
   if (size > sizeof(s))

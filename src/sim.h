@@ -28,14 +28,15 @@ struct weft__sim;
 #ifdef WEFT_SIM
 /* Resolves cfg->sim_seed (0: WEFT_SIM_SEED from the environment) and, if
  * the runtime is to be simulated, what simulation fixes: no monitor, no
- * timer spin, no recorder, no socket backend, 4 shards by default (so the
- * same seed gives the same run on any machine). -EINVAL for a malformed
+ * timer spin, no recorder, the epoll backend (Unix sockets only), 4
+ * shards by default (so the same seed gives the same run on any
+ * machine). -EINVAL for a malformed
  * WEFT_SIM_SEED. Before the configuration is resolved. */
 int weft__sim_config(weft_config *cfg);
 /* After rt_init, before the shards read the clock: claims the process's
  * one simulation (or counts a real runtime: none may live beside one) and
  * sets up rt->sim. -EBUSY, -ENOMEM. */
-int weft__sim_attach(weft_rt *rt, uint64_t seed);
+int weft__sim_attach(weft_rt *rt, const weft_config *cfg);
 /* Undoes weft__sim_attach; a no-op if it did not succeed. */
 void weft__sim_detach(weft_rt *rt);
 /* A seeded value for shard i's steal PRNG. */
@@ -45,6 +46,17 @@ uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i);
 int weft__sim_run(weft_rt *rt, uint64_t deadline);
 /* A handler call (shard -1: a blocking job), for the log and its hash. */
 void weft__sim_note(weft_rt *rt, int shard, const void *fn, const void *strand);
+/* Whether the simulation injects a fault of kind (WEFT_SIM_FAULT_*) at
+ * this chance of one; false for a real runtime. */
+bool weft__sim_fault(weft_rt *rt, unsigned kind);
+/* Puts n readiness events of one epoll wait in a drawn order (io_epoll.c). */
+void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits, unsigned n);
+#else
+static inline bool weft__sim_fault(weft_rt *rt, unsigned kind) {
+  (void)rt;
+  (void)kind;
+  return false;
+}
 #endif
 
 #endif

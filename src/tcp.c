@@ -18,6 +18,7 @@
 
 #include "listen.h"
 #include "rt.h"
+#include "sim.h"
 #include "shard.h"
 #include "tcp_recv.h"
 #include "tcp_send.h"
@@ -137,7 +138,9 @@ static void connect_start(struct weft__conn *c) {
   }
   const struct sockaddr *addr = (const struct sockaddr *)&cn->addr;
   if (cn->addr.ss_family == AF_UNIX) {
-    connect_done(c, weft__unix_connect(c->s.fd, addr, cn->addrlen));
+    connect_done(c, weft__sim_fault(c->s.rt, WEFT_SIM_FAULT_REFUSE)
+                        ? -ECONNREFUSED
+                        : weft__unix_connect(c->s.fd, addr, cn->addrlen));
     return;
   }
   if (weft__io_completes(c->s.rt)) {
@@ -322,7 +325,18 @@ static void conn_run(struct weft__sock *sk, uint32_t bits) {
 /* ---- accepted connections (from listen.c) ----------------------------------
  */
 
+/* A simulation's WEFT_SIM_FAULT_SMALLBUF for new connection fd, if one
+ * strikes (sim.h); nothing outside the weft_sim library. */
+static void sim_smallbuf(weft_rt *rt, int fd) {
+  if (!weft__sim_fault(rt, WEFT_SIM_FAULT_SMALLBUF))
+    return;
+  int one = 1; /* the kernel raises it to its least */
+  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &one, sizeof(one));
+}
+
 void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
+  sim_smallbuf(rt, fd);
   unsigned home = weft__sock_home(rt);
   struct weft__conn *c;
   if (conn_new(&c, rt, fd, NULL)) {
@@ -478,6 +492,9 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr,
   if (weft__forked(rt))
     return -ECHILD;
   int r = check_addr(addr, addrlen);
+  /* A simulation's network is Unix sockets (sim.c, weft__sim_config). */
+  if (!r && weft__simulated(rt) && addr->sa_family != AF_UNIX)
+    r = -ENOTSUP;
   return r ? r : weft__tcp_check_rt(rt);
 }
 
@@ -505,11 +522,14 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
   struct weft__connect *cn = calloc(1, sizeof(*cn));
   if (!cn)
     return -ENOMEM;
-  int fd = weft__tcp_socket(rt, addr->sa_family);
+  int fd = weft__sim_fault(rt, WEFT_SIM_FAULT_EMFILE)
+               ? -EMFILE
+               : weft__tcp_socket(rt, addr->sa_family);
   if (fd < 0) {
     free(cn);
     return fd;
   }
+  sim_smallbuf(rt, fd);
   unsigned home = weft__sock_home(rt);
   struct weft__conn *c;
   r = conn_new(&c, rt, fd, strand);

@@ -221,6 +221,8 @@ static void pump(struct weft__conn *c) {
 /* A non-blocking receive into the reader's buffer; with descriptors
  * allowed, a recvmsg that keeps those it carries. */
 static ssize_t recv_direct(struct weft__conn *c) {
+  if (weft__sim_fault(c->s.rt, WEFT_SIM_FAULT_BREAK))
+    shutdown(c->s.fd, SHUT_RDWR); /* a simulated break (sim.h) */
   if (!c->fdq)
     return recv(c->s.fd, c->rbuf, c->rlen, MSG_DONTWAIT);
   ssize_t n =

@@ -18,6 +18,7 @@
 
 #include "io.h"
 #include "rt.h"
+#include "sim.h"
 #include "shard.h"
 #include "tcp_timeout.h"
 #include "thread.h"
@@ -180,6 +181,8 @@ static void write_failed(struct weft__conn *c, int err) {
  * with the file's first bytes (a response's head and its body). */
 static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
   int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (sb->file_next ? MSG_MORE : 0);
+  if (weft__sim_fault(c->s.rt, WEFT_SIM_FAULT_BREAK))
+    shutdown(c->s.fd, SHUT_RDWR); /* a simulated break (sim.h) */
   if (sb->msg.msg_iovlen == 1 && !sb->msg.msg_control)
     return send(c->s.fd, sb->iov[0].iov_base, sb->iov[0].iov_len, flags);
   return sendmsg(c->s.fd, &sb->msg, flags);

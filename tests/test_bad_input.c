@@ -68,7 +68,18 @@ static void test_rt_create_bad(void **state) {
   tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
   assert_non_null(rt);
   assert_int_equal(weft_rt_workers(rt), 1);
+  /* A real runtime has no simulation to tell of. */
+  weft_sim_info si;
+  tu_assert_rc(weft_rt_sim_info(rt, &si), -ENOTSUP);
+  tu_assert_rc(weft_rt_sim_info(rt, NULL), -EINVAL);
   assert_int_equal(weft_rt_destroy(rt), 0);
+
+  /* Only the weft_sim library simulates. */
+  weft_config_init(&cfg);
+  cfg.sim_seed = 1;
+  rt = NULL;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), -ENOTSUP);
+  assert_null(rt);
 }
 
 static void test_config_defaults(void **state) {
