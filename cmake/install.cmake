@@ -30,7 +30,11 @@ set(WEFT_INSTALL_CMAKEDIR "${CMAKE_INSTALL_LIBDIR}/cmake/weft"
   CACHE STRING "where the weft CMake package files are installed")
 mark_as_advanced(WEFT_INSTALL_CMAKEDIR)
 
-install(TARGETS weft weft_static weft_sim
+set(_weft_libs weft weft_static)
+if(TARGET weft_sim)
+  list(APPEND _weft_libs weft_sim)
+endif()
+install(TARGETS ${_weft_libs}
   EXPORT weftTargets
   RUNTIME DESTINATION "${CMAKE_INSTALL_BINDIR}"
   LIBRARY DESTINATION "${CMAKE_INSTALL_LIBDIR}"
