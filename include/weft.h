@@ -247,9 +247,10 @@ typedef struct weft_config {
   uint64_t sim_seed;
   /* A simulation's faults: WEFT_SIM_FAULT_* bits (0: the environment
    * variable WEFT_SIM_FAULTS, a comma-separated list of refuse, break,
-   * emfile, smallbuf, or all; else none). Each kind enabled strikes at one
-   * in sim_fault_odds of its chances, drawn from the seed (0: 64; the
-   * environment's WEFT_SIM_FAULT_ODDS if set). Ignored by real runtimes. */
+   * emfile, smallbuf, enomem, delay, or all; else none). Each kind enabled
+   * strikes at one in sim_fault_odds of its chances, drawn from the seed (0:
+   * 64; the environment's WEFT_SIM_FAULT_ODDS if set). Ignored by real
+   * runtimes. */
   unsigned sim_faults;
   unsigned sim_fault_odds;
 } weft_config;
@@ -749,7 +750,8 @@ WEFT_API int weft_rt_trace_dump(weft_rt *rt, int fd);
 
 /* Faults a simulation injects (weft_config.sim_faults), each where the
  * kernel could have caused it, so the code under test meets it as it
- * would for real. */
+ * would for real; only while the simulation runs (in a wait), never in
+ * what main does before it. */
 #define WEFT_SIM_FAULT_REFUSE 1u /* a connect fails with -ECONNREFUSED */
 /* A connection breaks before a receive or a send: both ends see it end
  * (end of file, -EPIPE). */
@@ -760,7 +762,15 @@ WEFT_API int weft_rt_trace_dump(weft_rt *rt, int fd);
 /* A new connection gets the kernel's smallest socket buffers: large
  * writes go out in pieces and reads return less. */
 #define WEFT_SIM_FAULT_SMALLBUF 8u
-#define WEFT_SIM_FAULT_ALL 15u
+/* Memory runs out: a post, weft_strand_create, weft_timer_create or a
+ * connection's object fails with -ENOMEM (a connection being accepted is
+ * dropped: its client sees it closed). */
+#define WEFT_SIM_FAULT_ENOMEM 16u
+/* The network is slow: with nothing else to run, a shard leaves what its
+ * sockets have ready for up to 1 ms of virtual time; timers due meanwhile
+ * fire first. */
+#define WEFT_SIM_FAULT_DELAY 32u
+#define WEFT_SIM_FAULT_ALL 63u
 
 /* Where a simulation stands (weft_rt_sim_info). */
 typedef struct weft_sim_info {

@@ -59,6 +59,7 @@ int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
  * "now minus a span" stay positive. */
 #define CLOCK_BASE (1000ull * 1000000000u)
 #define STEP_NS_MAX 2000u
+#define DELAY_NS_MAX 1000000u /* a WEFT_SIM_FAULT_DELAY: up to 1 ms */
 #define DEFAULT_WORKERS 4u
 
 _Atomic uint64_t weft__sim_clock;
@@ -84,6 +85,7 @@ struct weft__sim {
   uint64_t seed, rng;
   uint64_t steps, handlers, hash, faults;
   unsigned fault_kinds, fault_odds;
+  bool running; /* in weft__sim_run: faults strike only then */
   struct idmap fns, strands;
   FILE *log; /* WEFT_SIM_LOG, or NULL */
 };
@@ -235,11 +237,11 @@ static int faults_parse(const char *s, unsigned *out) {
   static const struct {
     const char *name;
     unsigned bit;
-  } names[] = {{"refuse", WEFT_SIM_FAULT_REFUSE},
-               {"break", WEFT_SIM_FAULT_BREAK},
-               {"emfile", WEFT_SIM_FAULT_EMFILE},
-               {"smallbuf", WEFT_SIM_FAULT_SMALLBUF},
-               {"all", WEFT_SIM_FAULT_ALL}};
+  } names[] = {
+      {"refuse", WEFT_SIM_FAULT_REFUSE}, {"break", WEFT_SIM_FAULT_BREAK},
+      {"emfile", WEFT_SIM_FAULT_EMFILE}, {"smallbuf", WEFT_SIM_FAULT_SMALLBUF},
+      {"enomem", WEFT_SIM_FAULT_ENOMEM}, {"delay", WEFT_SIM_FAULT_DELAY},
+      {"all", WEFT_SIM_FAULT_ALL}};
   *out = 0;
   while (*s) {
     size_t len = strcspn(s, ",");
@@ -363,8 +365,9 @@ void weft__sim_detach(weft_rt *rt) {
 bool weft__sim_fault(weft_rt *rt, unsigned kind) {
   struct weft__sim *m = rt->sim;
   /* No draw for a kind that is off: runs without faults stay as they
-   * were. */
-  if (!m || !(m->fault_kinds & kind) || rnd(m) % m->fault_odds)
+   * were. None while the program sets up, before its wait: a listen or
+   * a strand made by main is not what a test means to fail. */
+  if (!m || !m->running || !(m->fault_kinds & kind) || rnd(m) % m->fault_odds)
     return false;
   m->faults++;
   return true;
@@ -426,21 +429,39 @@ static void step(weft_rt *rt, struct weft__sim *m, bool work, unsigned jobs) {
 
 /* With nothing queued: each shard's backend, in a drawn order, takes in
  * what its sockets have ready and queues their handlers, as a thread out
- * of work would before it parks. Returns whether that queued any work. */
-static bool poll_io(weft_rt *rt, struct weft__sim *m) {
+ * of work would before it parks. A delay (WEFT_SIM_FAULT_DELAY) leaves a
+ * shard's events where they are, and the clock moves on by a drawn span,
+ * never past the next timer (which then fires first) or the deadline.
+ * Returns whether to look again: work was queued, or the clock moved. */
+static bool poll_io(weft_rt *rt, struct weft__sim *m, uint64_t next,
+                    uint64_t deadline) {
   if (!weft__load(&rt->io.all, WA_ACQ))
     return false;
   unsigned n = rt->nshards, start = (unsigned)(rnd(m) % n);
+  bool delayed = false;
   for (unsigned i = 0; i < n; i++) {
     unsigned k = (start + i) % n;
     struct weft__io *io = weft__load(&rt->shards[k].io, WA_ACQ);
     if (!io)
       continue;
+    if (weft__sim_fault(rt, WEFT_SIM_FAULT_DELAY)) {
+      delayed = true;
+      continue;
+    }
     weft__set_self(&rt->threads[k]);
     weft__io_poll(&rt->shards[k], io, true);
     weft__set_self(NULL);
   }
-  return weft__load(&rt->inject.len, WA_SC) > 0 || !rings_empty(rt);
+  if (weft__load(&rt->inject.len, WA_SC) > 0 || !rings_empty(rt))
+    return true;
+  uint64_t now = weft__now_ns();
+  if (!delayed || now >= deadline)
+    return false;
+  uint64_t to = now + 1 + rnd(m) % DELAY_NS_MAX;
+  if (next > now && next < to)
+    to = next;
+  weft__store(&weft__sim_clock, to < deadline ? to : deadline, WA_RLX);
+  return true;
 }
 
 void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits,
@@ -457,7 +478,7 @@ void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits,
   }
 }
 
-int weft__sim_run(weft_rt *rt, uint64_t deadline) {
+static int run(weft_rt *rt, uint64_t deadline) {
   struct weft__sim *m = rt->sim;
   for (;;) {
     if (weft__load(&rt->life.done, WA_ACQ))
@@ -471,7 +492,7 @@ int weft__sim_run(weft_rt *rt, uint64_t deadline) {
     uint64_t next = next_deadline(rt);
     bool work = next <= now || weft__load(&rt->inject.len, WA_SC) > 0 ||
                 !rings_empty(rt);
-    if (!work && !jobs && poll_io(rt, m))
+    if (!work && !jobs && poll_io(rt, m, next, deadline))
       continue;
     if (!work && !jobs) {
       if (next != UINT64_MAX && next <= deadline) {
@@ -500,6 +521,13 @@ int weft__sim_run(weft_rt *rt, uint64_t deadline) {
       return -ETIMEDOUT;
     step(rt, m, work, jobs);
   }
+}
+
+int weft__sim_run(weft_rt *rt, uint64_t deadline) {
+  rt->sim->running = true;
+  int r = run(rt, deadline);
+  rt->sim->running = false;
+  return r;
 }
 
 int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {

@@ -120,7 +120,11 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
                                 unsigned, const struct weft__cqe *)) {
   struct weft__pool *pool = pool_of(rt, kind);
   struct weft__shard *sh = weft__local_begin(rt);
-  struct weft__sock *s = weft__pool_alloc(pool, cache_of(sh, kind));
+  /* A simulation's allocation failure: a connection's only (sim.h). */
+  struct weft__sock *s =
+      kind == SK_CONN && weft__sim_fault(rt, WEFT_SIM_FAULT_ENOMEM)
+          ? NULL
+          : weft__pool_alloc(pool, cache_of(sh, kind));
   weft__local_end(sh);
   if (!s)
     return -ENOMEM;

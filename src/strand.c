@@ -92,7 +92,9 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   struct weft__shard *home = &rt->shards[weft__home_pick(rt, sh)];
   struct weft__shard *from = sh ? sh : home;
   weft_strand *s =
-      weft__pool_alloc(&from->strand_pool, sh ? &sh->cache.strand : NULL);
+      weft__sim_fault(rt, WEFT_SIM_FAULT_ENOMEM)
+          ? NULL
+          : weft__pool_alloc(&from->strand_pool, sh ? &sh->cache.strand : NULL);
   if (!s) {
     weft__local_end(sh);
     return -ENOMEM;
@@ -271,7 +273,9 @@ static int post(weft_rt *rt, weft_strand *s, weft_fn fn, weft_fn cancel,
   else if (weft__load(&rt->life.closing, WA_RLX))
     r = -ESHUTDOWN;
   if (!r) {
-    struct weft__node *n = weft__node_new(rt, sh, fn, cancel, arg);
+    struct weft__node *n = weft__sim_fault(rt, WEFT_SIM_FAULT_ENOMEM)
+                               ? NULL
+                               : weft__node_new(rt, sh, fn, cancel, arg);
     if (n)
       weft__node_post(rt, sh, s, n, false);
     else

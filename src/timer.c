@@ -361,8 +361,10 @@ int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **out) {
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__shard *home = &rt->shards[s ? s->home : weft__home_pick(rt, sh)];
-  weft_timer *t =
-      weft__pool_alloc(&home->timer_pool, sh == home ? &sh->cache.timer : NULL);
+  weft_timer *t = weft__sim_fault(rt, WEFT_SIM_FAULT_ENOMEM)
+                      ? NULL
+                      : weft__pool_alloc(&home->timer_pool,
+                                         sh == home ? &sh->cache.timer : NULL);
   weft__local_end(sh);
   if (!t)
     return -ENOMEM;

@@ -507,7 +507,7 @@ static uint64_t run_net(uint64_t seed, unsigned faults, unsigned odds,
     weft_tcp *c;
     int r = weft_tcp_connect(n->rt, NULL, (struct sockaddr *)&n->addr,
                              n->addrlen, 0, client_connected, k, &c);
-    if (r == -EMFILE && faults) { /* descriptors "ran out" */
+    if ((r == -EMFILE || r == -ENOMEM) && faults) { /* "ran out" */
       k->failed = true;
       n->failed++;
       client_ended(n);
@@ -558,9 +558,9 @@ static void test_unix_sockets(void **state) {
 }
 
 /* The same with faults: refused connects, broken connections,
- * descriptors running out on either side, small buffers, each kind alone
- * and all together. Each run keeps the invariants; each kind strikes over
- * the seeds, and alone leaves some runs whole. The same seed replays the
+ * descriptors or memory running out, small buffers, a slow network, each
+ * kind alone and all together. Each run keeps the invariants; each kind strikes
+ * over the seeds, and alone leaves some runs whole. The same seed replays the
  * same faults. */
 static void test_unix_sockets_faults(void **state) {
   (void)state;
@@ -578,6 +578,8 @@ static void test_unix_sockets_faults(void **state) {
               {"break", WEFT_SIM_FAULT_BREAK, 1024},
               {"emfile", WEFT_SIM_FAULT_EMFILE, 8},
               {"smallbuf", WEFT_SIM_FAULT_SMALLBUF, 4},
+              {"enomem", WEFT_SIM_FAULT_ENOMEM, 16},
+              {"delay", WEFT_SIM_FAULT_DELAY, 4},
               {"all", WEFT_SIM_FAULT_ALL, 512}};
   unsigned nseeds = (unsigned)TU_SCALED(200, 20);
   for (unsigned k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) {
