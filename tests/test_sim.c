@@ -38,7 +38,7 @@ struct account {
   weft_timer *t;
   long balance; /* on s only */
   unsigned sent;
-  uint32_t rng;
+  uint64_t rng; /* tu_rand */
   unsigned ticks;
   long job_result;
 };
@@ -72,14 +72,6 @@ static void note(struct bank *b, unsigned kind, unsigned idx) {
     b->log[b->nlog++] = kind << 8 | idx;
 }
 
-static uint32_t next_rand(uint32_t *s) {
-  uint32_t x = *s;
-  x ^= x << 13;
-  x ^= x >> 17;
-  x ^= x << 5;
-  return *s = x;
-}
-
 static void credit_fn(void *arg) {
   struct credit *c = arg;
   struct bank *b = c->to->b;
@@ -97,11 +89,11 @@ static void debit_fn(void *arg) {
   struct account *a = arg;
   struct bank *b = a->b;
   TU_CHECK(weft_strand_current() == a->s);
-  unsigned to = (a->idx + 1 + next_rand(&a->rng) % (ACCOUNTS - 1)) % ACCOUNTS;
+  unsigned to = (a->idx + 1 + tu_rand(&a->rng) % (ACCOUNTS - 1)) % ACCOUNTS;
   struct credit *c = malloc(sizeof(*c));
   TU_CHECK(c != NULL);
   c->to = &b->acct[to];
-  c->amount = 1 + next_rand(&a->rng) % 50;
+  c->amount = 1 + tu_rand(&a->rng) % 50;
   a->balance -= c->amount;
   note(b, K_DEBIT, a->idx);
   TU_CHECK(weft_post(c->to->s, credit_fn, c) == 0);
@@ -155,7 +147,7 @@ static void run_bank(uint64_t seed, struct result *out) {
     a->b = b;
     a->idx = i;
     a->balance = START_BALANCE;
-    a->rng = 0x9e3779b9u * (i + 1);
+    a->rng = 0x9e3779b97f4a7c15ull * (i + 1);
     assert_int_equal(weft_strand_create(b->rt, &a->s), 0);
     assert_int_equal(weft_timer_create(b->rt, a->s, &a->t), 0);
     /* Deadlines tie in pairs: 10 us, 10 us, 20 us, 20 us, ... */
