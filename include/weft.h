@@ -724,9 +724,10 @@ WEFT_API int weft_rt_trace_dump(weft_rt *rt, int fd);
  * the same virtual times, in any process. weft_sim_info.log_hash sums
  * that sequence up; WEFT_SIM_LOG=FILE writes it out, a line per call
  * (virtual ns, shard or -1 for a blocking job, function, strand, each
- * numbered by first appearance), to compare two runs. A run that crashes
- * (an assert, a fault) prints its seed and how to replay it first, if the
- * application left that signal's action at its default.
+ * numbered by first appearance), to compare two runs (each simulated
+ * runtime writes the file anew). A run that crashes (an assert, a fault)
+ * prints its seed and how to replay it first, if the application left
+ * that signal's action at its default.
  *
  * The network is Unix stream sockets (weft_tcp_listen and
  * weft_tcp_connect with AF_UNIX addresses; an abstract "@name" leaves no
