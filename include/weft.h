@@ -729,25 +729,31 @@ WEFT_API int weft_rt_trace_dump(weft_rt *rt, int fd);
  * prints its seed and how to replay it first, if the application left
  * that signal's action at its default.
  *
- * The network is Unix stream sockets (weft_tcp_listen and
- * weft_tcp_connect with AF_UNIX addresses; an abstract "@name" leaves no
- * file): between two sockets of one process the kernel's answers follow
- * from the calls alone, so they replay too. Each shard takes in what its
+ * The network is the kernel's Unix stream sockets: between two sockets
+ * of one process its answers follow from the calls alone, so they replay
+ * too. weft_tcp_listen and weft_tcp_connect take Unix addresses as
+ * always, and TCP ones (IPv4 or IPv6) as ports of one simulated host,
+ * each a Unix socket underneath: every address of the host is the same
+ * one, a port 0 listener gets the next free port (weft_listener_addr
+ * tells which), a connect to a port nobody listens on is refused, the
+ * connections' addresses read as the loopback address of their family
+ * with their ports, and TCP options succeed. Each shard takes in what its
  * sockets have ready when nothing else is queued, and a drawn order is
  * given to the events of each wait. The seed also injects faults where
  * asked (weft_config.sim_faults, WEFT_SIM_FAULT_*).
  *
  * Differences from a real runtime: 4 shards unless workers says
- * otherwise; the epoll backend; no monitor (a handler that blocks holds up
- * the whole simulation) and no flight recorder; TCP and UDP sockets, name
+ * otherwise; the epoll backend; no monitor (a handler that blocks holds
+ * up the whole simulation) and no flight recorder; UDP sockets, name
  * resolution, signal watchers and child processes fail with -ENOTSUP;
  * files go through the blocking pool. Timers due at the same instant fire
- * in the order they were started, as on a real runtime. While a simulation
- * lives it is the process's only runtime: creating another of either kind fails
- * with -EBUSY. A wait that only a thread outside could end (nothing to run, no
- * timer armed, no shutdown started, no timeout) returns -EDEADLK and logs why.
- * Posts from other threads of the application during a wait are taken in when
- * they come, which a seed does not repeat. */
+ * in the order they were started, as on a real runtime. While a
+ * simulation lives it is the process's only runtime: creating another of
+ * either kind fails with -EBUSY. A wait that only a thread outside could
+ * end (nothing to run, no timer armed, no shutdown started, no timeout)
+ * returns -EDEADLK and logs why. Posts from other threads of the
+ * application during a wait are taken in when they come, which a seed
+ * does not repeat. */
 
 /* Faults a simulation injects (weft_config.sim_faults), each where the
  * kernel could have caused it, so the code under test meets it as it

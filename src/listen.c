@@ -47,9 +47,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define ACCEPT_BUDGET 64
@@ -88,6 +90,12 @@ struct weft_listener {
   struct sockaddr_storage addr;
   unsigned addrlen;
   struct weft__unix_file file; /* a Unix listener's socket file */
+#ifdef WEFT_SIM
+  /* A simulation's listener on a TCP port, whose socket is a Unix one
+   * (sim.h): the address it was given, its port filled in; 0: none. */
+  struct sockaddr_storage sim_addr;
+  unsigned sim_addrlen;
+#endif
   _Atomic uint64_t st_accepted, st_calls, st_limit, st_dropped, st_paused;
   unsigned n;
   uint32_t *gens; /* socks[i]'s generation, for signals after its free */
@@ -532,6 +540,21 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   if (!fn || !out || addrlen > sizeof(struct sockaddr_storage) ||
       (flags & ~(WEFT_LISTEN_SINGLE | WEFT_LISTEN_SHARE)) || backlog < 0)
     return -EINVAL;
+#ifdef WEFT_SIM
+  /* A TCP port of the simulated host: its Unix name, one socket. */
+  struct sockaddr_storage tcp = {0};
+  struct sockaddr_un un;
+  unsigned tcplen = 0;
+  if (weft__simulated(rt) && addr->sa_family != AF_UNIX) {
+    memcpy(&tcp, addr, addrlen);
+    if ((r = weft__sim_tcp_name(rt, &tcp, &un, &addrlen, true)))
+      return r;
+    tcplen = addr->sa_family == AF_INET ? sizeof(struct sockaddr_in)
+                                        : sizeof(struct sockaddr_in6);
+    addr = (const struct sockaddr *)&un;
+    flags &= ~WEFT_LISTEN_SHARE;
+  }
+#endif
   bool is_unix = addr->sa_family == AF_UNIX;
   if (is_unix && (flags & WEFT_LISTEN_SHARE))
     return -EINVAL; /* no SO_REUSEPORT groups for Unix sockets */
@@ -548,6 +571,10 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   pthread_mutex_init(&l->limit_lock, NULL);
   memcpy(&l->addr, addr, addrlen);
   l->addrlen = addrlen;
+#ifdef WEFT_SIM
+  memcpy(&l->sim_addr, &tcp, tcplen);
+  l->sim_addrlen = tcplen;
+#endif
   int spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
   weft__store(&l->reserve, spare, WA_RLX);
   if (spare < 0)
@@ -584,11 +611,32 @@ int weft_listener_addr(weft_listener *l, struct sockaddr *addr,
                        unsigned *addrlen) {
   if (!l || !addr || !addrlen)
     return -EINVAL;
+#ifdef WEFT_SIM
+  if (l->sim_addrlen) { /* the TCP address, not its Unix name */
+    unsigned n = *addrlen < l->sim_addrlen ? *addrlen : l->sim_addrlen;
+    memcpy(addr, &l->sim_addr, n);
+    *addrlen = l->sim_addrlen;
+    return 0;
+  }
+#endif
   unsigned len = *addrlen < l->addrlen ? *addrlen : l->addrlen;
   memcpy(addr, &l->addr, len);
   *addrlen = l->addrlen;
   return 0;
 }
+
+#ifdef WEFT_SIM
+bool weft__listener_sim_port(const struct weft_listener *l, int *family,
+                             uint16_t *port) {
+  if (!l->sim_addrlen)
+    return false;
+  *family = l->sim_addr.ss_family;
+  const struct sockaddr_in *a4 = (const struct sockaddr_in *)&l->sim_addr;
+  const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)&l->sim_addr;
+  *port = ntohs(*family == AF_INET ? a4->sin_port : a6->sin6_port);
+  return true;
+}
+#endif
 
 int weft_listener_stats_get(weft_listener *l, weft_listener_stats *out) {
   if (!l || !out)

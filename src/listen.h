@@ -20,6 +20,11 @@ void weft__listener_delivered(struct weft_listener *l);
 /* For tests: shards accepting without the limit lock now, ring accepts
  * not yet entered included (0 once the listener is quiet). */
 uint32_t weft__listener_active(const struct weft_listener *l);
+#ifdef WEFT_SIM
+/* Whether l listens on a simulated TCP port (sim.h), and which. */
+bool weft__listener_sim_port(const struct weft_listener *l, int *family,
+                             uint16_t *port);
+#endif
 
 /* The runtime's side: the pool at create; every listener at destroy. */
 void weft__listen_init(weft_rt *rt);

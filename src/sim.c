@@ -48,11 +48,14 @@ int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
 #include "shard.h"
 #include "thread.h"
 
+#include <arpa/inet.h>
 #include <inttypes.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* Virtual time starts here, not at 0, so that deadlines computed as
@@ -61,6 +64,7 @@ int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
 #define STEP_NS_MAX 2000u
 #define DELAY_NS_MAX 1000000u /* a WEFT_SIM_FAULT_DELAY: up to 1 ms */
 #define DEFAULT_WORKERS 4u
+#define FIRST_PORT 32768u /* the simulated host's ephemeral ports */
 
 _Atomic uint64_t weft__sim_clock;
 _Atomic uint32_t weft__sim_live;
@@ -69,6 +73,7 @@ _Atomic uint32_t weft__sim_live;
  * weft__now_ns reads, so none runs beside another runtime. */
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_real;
+static unsigned g_serial; /* simulations created: their hosts' names */
 /* The live simulation's seed, for the crash line (async-signal-safe). */
 static volatile sig_atomic_t g_have_seed;
 static uint64_t g_seed;
@@ -85,7 +90,9 @@ struct weft__sim {
   uint64_t seed, rng;
   uint64_t steps, handlers, hash, faults;
   unsigned fault_kinds, fault_odds;
-  bool running; /* in weft__sim_run: faults strike only then */
+  bool running;       /* in weft__sim_run: faults strike only then */
+  unsigned serial;    /* the simulated host's, in its socket names */
+  uint32_t next_port; /* the next ephemeral port */
   struct idmap fns, strands;
   FILE *log; /* WEFT_SIM_LOG, or NULL */
 };
@@ -291,7 +298,8 @@ int weft__sim_config(weft_config *c) {
   /* Unix stream sockets, on the kernel's own: between two sockets of one
    * process, a connect, a send and what epoll reports follow from the
    * calls alone, in the order they are made, so they are as deterministic
-   * as the calls. TCP and UDP are refused (tcp.c, weft__tcp_check). */
+   * as the calls. A TCP address is a port of the simulated host, a Unix
+   * socket underneath (weft__sim_tcp_name); UDP is refused (udp.c). */
   c->backend = WEFT_BACKEND_EPOLL;
   if (!c->workers)
     c->workers = DEFAULT_WORKERS;
@@ -311,6 +319,7 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
     weft__store(&weft__sim_live, 1, WA_REL);
     g_seed = seed;
     g_have_seed = 1;
+    m->serial = ++g_serial;
   } else if (!busy) {
     g_real++;
   }
@@ -327,6 +336,7 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
     return 0;
   pthread_once(&once, crash_line_install);
   m->seed = m->rng = seed;
+  m->next_port = FIRST_PORT;
   m->fault_kinds = c->sim_faults;
   m->fault_odds = c->sim_fault_odds;
   m->hash = 0xcbf29ce484222325ull;
@@ -376,6 +386,84 @@ bool weft__sim_fault(weft_rt *rt, unsigned kind) {
 uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i) {
   (void)i;
   return (uint32_t)rnd(rt->sim) | 1; /* xorshift's state is never 0 */
+}
+
+/* ---- TCP on the simulated host ------------------------------------------- */
+
+/* "\0weft-sim-PID-SERIAL-KPORT": K is l (a listener) or c (a client). */
+static unsigned name_of(struct weft__sim *m, char kind, unsigned port,
+                        struct sockaddr_un *un) {
+  memset(un, 0, sizeof(*un));
+  un->sun_family = AF_UNIX;
+  int n = snprintf(un->sun_path + 1, sizeof(un->sun_path) - 1,
+                   "weft-sim-%d-%u-%c%u", (int)getpid(), m->serial, kind, port);
+  return (unsigned)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static uint16_t next_port(struct weft__sim *m) {
+  uint32_t p = m->next_port++;
+  if (m->next_port > 65535)
+    m->next_port = FIRST_PORT;
+  return (uint16_t)p;
+}
+
+int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
+                       struct sockaddr_un *un, unsigned *unlen, bool listener) {
+  in_port_t *pp;
+  if (tcp->ss_family == AF_INET)
+    pp = &((struct sockaddr_in *)tcp)->sin_port;
+  else if (tcp->ss_family == AF_INET6)
+    pp = &((struct sockaddr_in6 *)tcp)->sin6_port;
+  else
+    return -ENOTSUP;
+  if (listener && !*pp)
+    *pp = htons(next_port(rt->sim));
+  *unlen = name_of(rt->sim, 'l', ntohs(*pp), un);
+  return 0;
+}
+
+int weft__sim_tcp_bind_client(weft_rt *rt, int fd) {
+  struct sockaddr_un un;
+  uint16_t port = next_port(rt->sim);
+  unsigned len = name_of(rt->sim, 'c', port, &un);
+  if (bind(fd, (struct sockaddr *)&un, len) < 0)
+    return -errno;
+  return port;
+}
+
+uint16_t weft__sim_tcp_port_of(const struct sockaddr_un *un, unsigned len) {
+  size_t off = offsetof(struct sockaddr_un, sun_path);
+  if (len <= off + 1 || un->sun_path[0])
+    return 0;
+  const char *end = (const char *)un + len, *p = end;
+  while (p > un->sun_path + 1 && p[-1] >= '0' && p[-1] <= '9')
+    p--;
+  unsigned v = 0;
+  for (; p < end; p++)
+    v = v * 10 + (unsigned)(*p - '0');
+  return v <= 65535 ? (uint16_t)v : 0;
+}
+
+void weft__sim_tcp_addr(int family, uint16_t port, struct sockaddr *out,
+                        unsigned *len) {
+  struct sockaddr_storage ss;
+  memset(&ss, 0, sizeof(ss));
+  unsigned n;
+  if (family == AF_INET6) {
+    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(port);
+    a->sin6_addr = in6addr_loopback;
+    n = sizeof(*a);
+  } else {
+    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+    a->sin_family = AF_INET;
+    a->sin_port = htons(port);
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    n = sizeof(*a);
+  }
+  memcpy(out, &ss, *len < n ? *len : n);
+  *len = n;
 }
 
 /* ---- the driver ---------------------------------------------------------- */

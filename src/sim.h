@@ -22,16 +22,18 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/socket.h>
 
 struct weft__sim;
 
 #ifdef WEFT_SIM
 /* Resolves cfg->sim_seed (0: WEFT_SIM_SEED from the environment) and, if
- * the runtime is to be simulated, what simulation fixes: no monitor, no
- * timer spin, no recorder, the epoll backend (Unix sockets only), 4
- * shards by default (so the same seed gives the same run on any
- * machine). -EINVAL for a malformed
- * WEFT_SIM_SEED. Before the configuration is resolved. */
+ * the runtime is to be simulated, its faults (WEFT_SIM_FAULTS,
+ * WEFT_SIM_FAULT_ODDS) and what simulation fixes: no monitor, no timer
+ * spin, no recorder, the epoll backend (Unix sockets underneath), 4
+ * shards by default (so the same seed gives the same run on any machine).
+ * -EINVAL for a malformed variable. Before the configuration is
+ * resolved. */
 int weft__sim_config(weft_config *cfg);
 /* After rt_init, before the shards read the clock: claims the process's
  * one simulation (or counts a real runtime: none may live beside one) and
@@ -49,6 +51,23 @@ void weft__sim_note(weft_rt *rt, int shard, const void *fn, const void *strand);
 /* Whether the simulation injects a fault of kind (WEFT_SIM_FAULT_*) at
  * this chance of one; false for a real runtime. */
 bool weft__sim_fault(weft_rt *rt, unsigned kind);
+/* TCP on the simulated host (its sockets are Unix sockets underneath):
+ * every address of the host is one, so a port names a listener. Writes
+ * the abstract Unix name of tcp's port into un. listener: a port 0 takes
+ * the next free port, written back into tcp. -ENOTSUP for a family other
+ * than AF_INET and AF_INET6. */
+struct sockaddr_un;
+int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
+                       struct sockaddr_un *un, unsigned *unlen, bool listener);
+/* Binds connecting socket fd to the name of a new client port, which it
+ * returns (or -errno). */
+int weft__sim_tcp_bind_client(weft_rt *rt, int fd);
+/* The port a simulated name holds (a peer's, from getpeername), or 0. */
+uint16_t weft__sim_tcp_port_of(const struct sockaddr_un *un, unsigned len);
+/* The loopback address of family, with port, as the simulated host's
+ * TCP addresses read. */
+void weft__sim_tcp_addr(int family, uint16_t port, struct sockaddr *out,
+                        unsigned *len);
 /* Puts n readiness events of one epoll wait in a drawn order (io_epoll.c). */
 void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits, unsigned n);
 #else

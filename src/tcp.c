@@ -34,8 +34,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* An idle connection's memory is mostly this (tcp.h). */
-_Static_assert(sizeof(struct weft__conn) <= 9 * WEFT_CACHELINE,
+/* An idle connection's memory is mostly this (tcp.h); a simulation's
+ * (sim.h) has a line more for the ports of its TCP addresses. */
+#ifdef WEFT_SIM
+#define CONN_LINES 10
+#else
+#define CONN_LINES 9
+#endif
+_Static_assert(sizeof(struct weft__conn) <= CONN_LINES * WEFT_CACHELINE,
                "a connection is nine cache lines at most");
 
 #define READ_MAX ((size_t)1 << 30)
@@ -325,6 +331,50 @@ static void conn_run(struct weft__sock *sk, uint32_t bits) {
 /* ---- accepted connections (from listen.c) ----------------------------------
  */
 
+#ifdef WEFT_SIM
+/* A connect to a TCP address in a simulation: to the Unix name of its
+ * port on the simulated host instead (sim.h), which *addr then points to
+ * (in st). */
+struct sim_tcp {
+  struct sockaddr_un un;
+  int family;
+  uint16_t port;
+};
+
+static int sim_tcp_name(weft_rt *rt, const struct sockaddr **addr,
+                        unsigned *addrlen, struct sim_tcp *st) {
+  struct sockaddr_storage tcp;
+  memset(&tcp, 0, sizeof(tcp));
+  memcpy(&tcp, *addr, *addrlen);
+  unsigned len;
+  int r = weft__sim_tcp_name(rt, &tcp, &st->un, &len, false);
+  if (r)
+    return r;
+  st->family = tcp.ss_family;
+  st->port = ntohs(tcp.ss_family == AF_INET
+                       ? ((struct sockaddr_in *)&tcp)->sin_port
+                       : ((struct sockaddr_in6 *)&tcp)->sin6_port);
+  *addr = (const struct sockaddr *)&st->un;
+  *addrlen = len;
+  return 0;
+}
+
+/* An accepted connection of a listener on a simulated TCP port: its
+ * addresses read as TCP ones, the peer's port from its client name. */
+static void sim_accepted(struct weft__conn *c, struct weft_listener *l) {
+  int family;
+  uint16_t port;
+  if (!weft__listener_sim_port(l, &family, &port))
+    return;
+  struct sockaddr_un un;
+  socklen_t len = sizeof(un);
+  c->sim_family = (uint8_t)family;
+  c->sim_lport = port;
+  if (getpeername(c->s.fd, (struct sockaddr *)&un, &len) == 0)
+    c->sim_pport = weft__sim_tcp_port_of(&un, len);
+}
+#endif
+
 /* A simulation's WEFT_SIM_FAULT_SMALLBUF for new connection fd, if one
  * strikes (sim.h); nothing outside the weft_sim library. */
 static void sim_smallbuf(weft_rt *rt, int fd) {
@@ -346,6 +396,9 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
   c->s.state = ST_NEW;
   c->readable = c->writable = true;
   c->lst = l;
+#ifdef WEFT_SIM
+  sim_accepted(c, l);
+#endif
   if (weft__sock_register(&c->s, home, true) < 0) {
     weft__sock_discard(&c->s);
     return;
@@ -492,9 +545,6 @@ int weft__tcp_check(weft_rt *rt, const struct sockaddr *addr,
   if (weft__forked(rt))
     return -ECHILD;
   int r = check_addr(addr, addrlen);
-  /* A simulation's network is Unix sockets (sim.c, weft__sim_config). */
-  if (!r && weft__simulated(rt) && addr->sa_family != AF_UNIX)
-    r = -ENOTSUP;
   return r ? r : weft__tcp_check_rt(rt);
 }
 
@@ -519,6 +569,12 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
     return -EXDEV;
   if (strand && !weft__strand_live(strand))
     return -EBADF;
+#ifdef WEFT_SIM
+  struct sim_tcp st = {0};
+  if (weft__simulated(rt) && addr->sa_family != AF_UNIX &&
+      (r = sim_tcp_name(rt, &addr, &addrlen, &st)))
+    return r;
+#endif
   struct weft__connect *cn = calloc(1, sizeof(*cn));
   if (!cn)
     return -ENOMEM;
@@ -530,6 +586,14 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
     return fd;
   }
   sim_smallbuf(rt, fd);
+#ifdef WEFT_SIM
+  int port = st.family ? weft__sim_tcp_bind_client(rt, fd) : 0;
+  if (port < 0) {
+    close(fd);
+    free(cn);
+    return port;
+  }
+#endif
   unsigned home = weft__sock_home(rt);
   struct weft__conn *c;
   r = conn_new(&c, rt, fd, strand);
@@ -538,6 +602,11 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
     free(cn);
     return r;
   }
+#ifdef WEFT_SIM
+  c->sim_family = st.family;
+  c->sim_lport = (uint16_t)port;
+  c->sim_pport = st.port;
+#endif
   memcpy(&cn->addr, addr, addrlen);
   cn->addrlen = addrlen;
   cn->timeout_ns = timeout_ns;

@@ -81,6 +81,13 @@ struct weft__conn {
   /* wr_inflight: a send, or (wr_poll) a poll for room, is in the kernel */
   bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
   bool wr_poll;
+#ifdef WEFT_SIM
+  /* A TCP connection of a simulation, a Unix socket underneath (sim.h):
+   * the family and the ports its addresses read; sim_family 0 for a real
+   * Unix connection. */
+  uint8_t sim_family;
+  uint16_t sim_lport, sim_pport;
+#endif
   bool nonblock;     /* uring: made O_NONBLOCK for sendfile (tcp_send.c) */
   bool rd_short;     /* uring: the last receive drained the socket */
   bool rd_pollfirst; /* uring: the receive in flight waits for data first */

@@ -7,6 +7,7 @@
 #include "tcp.h"
 
 #include "rt.h"
+#include "sim.h"
 
 #include <errno.h>
 #include <netinet/in.h>
@@ -23,6 +24,10 @@ static int sockopt(weft_tcp *c, int level, int name, int val) {
     return weft__tcp_off_strand(weft__conn_of(c), "weft_tcp option");
   if (s->fd < 0)
     return -EBADF;
+#ifdef WEFT_SIM
+  if (weft__conn_of(c)->sim_family)
+    return 0; /* TCP's options, on a Unix socket underneath (sim.h) */
+#endif
   if (setsockopt(s->fd, level, name, &val, sizeof(val)) < 0)
     return -errno;
   return 0;
@@ -57,6 +62,14 @@ static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
                                                        : "weft_tcp_local_addr");
   if (s->fd < 0)
     return -EBADF;
+#ifdef WEFT_SIM
+  struct weft__conn *sc = weft__conn_of(c);
+  if (sc->sim_family) {
+    weft__sim_tcp_addr(sc->sim_family, peer ? sc->sim_pport : sc->sim_lport,
+                       addr, addrlen);
+    return 0;
+  }
+#endif
   socklen_t len = *addrlen;
   int r =
       peer ? getpeername(s->fd, addr, &len) : getsockname(s->fd, addr, &len);

@@ -374,6 +374,8 @@ static int open_check(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
   if (addrlen >= sizeof(sa_family_t) && addr->sa_family == AF_UNIX)
     return -EAFNOSUPPORT; /* datagram Unix sockets are not served */
   int r = weft__tcp_check(rt, addr, addrlen);
+  if (!r && weft__simulated(rt))
+    r = -ENOTSUP; /* a simulation's network is streams (sim.h) */
   if (r)
     return r;
   int sr = weft__strand_usable(rt, s);

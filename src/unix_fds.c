@@ -35,6 +35,10 @@
 _Static_assert(WEFT_FDS_PER_WRITE == PER_MSG, "weft.h's figure");
 
 int weft__unix_conn_check(struct weft__conn *c) {
+#ifdef WEFT_SIM
+  if (c->sim_family)
+    return -EAFNOSUPPORT; /* TCP, on a Unix socket underneath (sim.h) */
+#endif
   int domain;
   socklen_t len = sizeof(domain);
   if (getsockopt(c->s.fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) < 0)

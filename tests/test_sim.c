@@ -15,6 +15,7 @@
  */
 #include "testutil.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -346,17 +347,32 @@ struct net_client {
 struct net {
   weft_rt *rt;
   weft_listener *l;
-  unsigned faults; /* WEFT_SIM_FAULT_* */
-  struct sockaddr_un addr;
+  unsigned faults;              /* WEFT_SIM_FAULT_* */
+  struct sockaddr_storage addr; /* the listener's */
   unsigned addrlen;
+  uint16_t port; /* TCP: the listener's */
   struct net_client cl[CLIENTS];
   unsigned ended, accepted, server_closed, echoed, failed;
   uint32_t log[1024];
   unsigned nlog;
 };
 
-static struct net *g_net;     /* the server's callbacks count here */
-static unsigned g_net_echoed; /* the last run's echoes */
+static struct net *g_net;          /* the server's callbacks count here */
+static unsigned g_net_echoed;      /* the last run's echoes */
+static int g_net_family = AF_UNIX; /* or AF_INET: TCP, simulated */
+
+/* The port of a TCP connection's local or peer address (0: not TCP). */
+static uint16_t conn_port(weft_tcp *c, bool peer) {
+  struct sockaddr_storage a;
+  unsigned len = sizeof(a);
+  int r = peer ? weft_tcp_peer_addr(c, (struct sockaddr *)&a, &len)
+               : weft_tcp_local_addr(c, (struct sockaddr *)&a, &len);
+  if (r || a.ss_family != AF_INET)
+    return 0;
+  struct sockaddr_in *in = (struct sockaddr_in *)&a;
+  TU_CHECK(in->sin_addr.s_addr == htonl(INADDR_LOOPBACK));
+  return ntohs(in->sin_port);
+}
 
 static void net_note(struct net *n, unsigned kind, unsigned idx) {
   if (n->nlog < 1024)
@@ -389,6 +405,11 @@ static void echo_accept(void *arg, weft_tcp *c) {
   struct echo_conn *e = malloc(sizeof(*e));
   TU_CHECK(e != NULL);
   TU_CHECK(weft_tcp_set_data(c, e, echo_closed) == 0);
+  if (g_net_family == AF_INET) { /* a TCP connection's addresses */
+    TU_CHECK(conn_port(c, false) == n->port);
+    TU_CHECK(conn_port(c, true) != 0 && conn_port(c, true) != n->port);
+    TU_CHECK(weft_tcp_nodelay(c, 1) == 0);
+  }
   n->accepted++;
   net_note(n, 1, 0);
   if (weft_tcp_read(c, e->buf, sizeof(e->buf), echo_read, e))
@@ -461,6 +482,8 @@ static void client_send(struct net_client *k, weft_tcp *c) {
 static void client_connected(void *arg, weft_tcp *c, int status) {
   struct net_client *k = arg;
   TU_CHECK(weft_tcp_set_data(c, k, client_closed) == 0);
+  if (!status && g_net_family == AF_INET)
+    TU_CHECK(conn_port(c, true) == k->n->port && conn_port(c, false) != 0);
   if (status) { /* the connection closes itself */
     TU_CHECKF(k->n->faults, "client %u: connect %d", k->idx, status);
     k->failed = true;
@@ -484,14 +507,29 @@ static uint64_t run_net(uint64_t seed, unsigned faults, unsigned odds,
   cfg.sim_faults = faults;
   cfg.sim_fault_odds = odds;
   assert_int_equal(weft_rt_create(&n->rt, &cfg), 0);
-  char name[64];
-  snprintf(name, sizeof(name), "@weft-test-sim-%d", (int)getpid());
-  int len = weft_unix_addr(&n->addr, name);
-  assert_true(len > 0);
-  n->addrlen = (unsigned)len;
+  if (g_net_family == AF_INET) { /* 127.0.0.1, a port the host picks */
+    struct sockaddr_in *in = (struct sockaddr_in *)&n->addr;
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    n->addrlen = sizeof(*in);
+  } else {
+    char name[64];
+    snprintf(name, sizeof(name), "@weft-test-sim-%d", (int)getpid());
+    int len = weft_unix_addr((struct sockaddr_un *)&n->addr, name);
+    assert_true(len > 0);
+    n->addrlen = (unsigned)len;
+  }
   assert_int_equal(weft_tcp_listen(n->rt, (struct sockaddr *)&n->addr,
                                    n->addrlen, NULL, echo_accept, n, &n->l),
                    0);
+  if (g_net_family == AF_INET) {
+    n->addrlen = sizeof(n->addr);
+    assert_int_equal(
+        weft_listener_addr(n->l, (struct sockaddr *)&n->addr, &n->addrlen), 0);
+    n->port = ntohs(((struct sockaddr_in *)&n->addr)->sin_port);
+    assert_int_equal(n->addrlen, sizeof(struct sockaddr_in));
+    assert_true(n->port != 0);
+  }
   for (unsigned i = 0; i < CLIENTS; i++) {
     struct net_client *k = &n->cl[i];
     k->n = n;
@@ -547,6 +585,40 @@ static void test_unix_sockets(void **state) {
   printf("# %u seeds of the echo test: %u distinct orders\n", nseeds, distinct);
   assert_true(distinct >= nseeds * 9 / 10);
   free(hs);
+}
+
+/* TCP addresses in a simulation: 127.0.0.1 and a port the simulated host
+ * picks, addresses that read as TCP ones on both ends, options that
+ * apply; the same run for a seed, and the faults' invariants. UDP is
+ * refused. */
+static void test_tcp_sockets(void **state) {
+  (void)state;
+  g_net_family = AF_INET;
+  weft_sim_info a, b;
+  assert_int_equal(run_net(5, 0, 0, &a), run_net(5, 0, 0, &b));
+  assert_int_equal(a.log_hash, b.log_hash);
+  unsigned nseeds = (unsigned)TU_SCALED(100, 10), whole = 0;
+  for (unsigned i = 0; i < nseeds; i++)
+    run_net(300 + i, 0, 0, &a);
+  for (unsigned i = 0; i < nseeds; i++) {
+    run_net(400 + i, WEFT_SIM_FAULT_ALL, 512, &a);
+    whole += g_net_echoed == CLIENTS * MSGS;
+  }
+  printf("# TCP: %u seeds, and %u with faults (%u whole)\n", nseeds, nseeds,
+         whole);
+  g_net_family = AF_UNIX;
+  weft_rt *rt;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.sim_seed = 1;
+  assert_int_equal(weft_rt_create(&rt, &cfg), 0);
+  struct sockaddr_in in = {.sin_family = AF_INET,
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  weft_udp *u;
+  assert_int_equal(
+      weft_udp_open(rt, NULL, (struct sockaddr *)&in, sizeof(in), NULL, &u),
+      -ENOTSUP);
+  assert_int_equal(weft_rt_destroy(rt), 0);
 }
 
 /* The same with faults: refused connects, broken connections,
@@ -698,10 +770,11 @@ static void test_cancel_shutdown(void **state) {
   assert_int_equal(weft_rt_destroy(rt), 0);
 }
 
-static void accept_fn(void *arg, weft_tcp *c) {
+static void on_resolved(void *arg, int status, struct addrinfo *res) {
   (void)arg;
-  (void)c;
-  fail_msg("accepted in a simulation");
+  (void)status;
+  (void)res;
+  fail_msg("a lookup in a simulation");
 }
 
 static void on_signal(void *arg, int signo, uint64_t count) {
@@ -719,13 +792,11 @@ static void test_refusals(void **state) {
   assert_int_equal(weft_rt_create(&other, &cfg), -EBUSY);
   cfg.sim_seed = 6;
   assert_int_equal(weft_rt_create(&other, &cfg), -EBUSY);
-  /* No simulated network, name service or signals yet. */
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  weft_listener *l;
-  assert_int_equal(weft_tcp_listen(rt, (struct sockaddr *)&sa, sizeof(sa), NULL,
-                                   accept_fn, NULL, &l),
-                   -ENOTSUP);
+  /* No simulated name service or signals yet. */
+  weft_lookup *lk;
+  assert_int_equal(
+      weft_resolve(rt, NULL, "localhost", "80", NULL, on_resolved, NULL, &lk),
+      -ENOTSUP);
   weft_signal *w;
   assert_int_equal(weft_signal_watch(rt, NULL, SIGUSR1, NULL, NULL, &w),
                    -EINVAL);
@@ -802,6 +873,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_seeds_differ),
       cmocka_unit_test(test_unix_sockets),
       cmocka_unit_test(test_unix_sockets_faults),
+      cmocka_unit_test(test_tcp_sockets),
       cmocka_unit_test(test_virtual_time),
       cmocka_unit_test(test_cancel_shutdown),
       cmocka_unit_test(test_refusals),

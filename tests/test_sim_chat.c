@@ -19,6 +19,8 @@
  */
 #include "testutil.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 
@@ -53,7 +55,7 @@ struct tclient {
 struct tchat {
   weft_rt *rt;
   unsigned faults;
-  struct sockaddr_un addr;
+  struct sockaddr_storage addr; /* the listener's */
   unsigned addrlen;
   struct tclient cl[CLIENTS];
   unsigned ended;
@@ -193,7 +195,7 @@ static void tc_connected(void *arg, weft_tcp *c, int status) {
 }
 
 /* One run; a failure prints the seed. Returns the faults injected. */
-static uint64_t run_chat(uint64_t seed, unsigned faults) {
+static uint64_t run_chat(uint64_t seed, unsigned faults, bool tcp) {
   struct tchat *t = calloc(1, sizeof(*t));
   assert_non_null(t);
   t->faults = faults;
@@ -208,15 +210,25 @@ static uint64_t run_chat(uint64_t seed, unsigned faults) {
   cfg.sim_fault_odds = 256;
   assert_int_equal(weft_rt_create(&t->rt, &cfg), 0);
   g_rt = t->rt;
-  char name[64];
-  snprintf(name, sizeof(name), "@weft-test-sim-chat-%d", (int)getpid());
-  int len = weft_unix_addr(&t->addr, name);
-  assert_true(len > 0);
-  t->addrlen = (unsigned)len;
+  if (tcp) { /* 127.0.0.1, a port the simulated host picks */
+    struct sockaddr_in *in = (struct sockaddr_in *)&t->addr;
+    in->sin_family = AF_INET;
+    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    t->addrlen = sizeof(*in);
+  } else {
+    char name[64];
+    snprintf(name, sizeof(name), "@weft-test-sim-chat-%d", (int)getpid());
+    int len = weft_unix_addr((struct sockaddr_un *)&t->addr, name);
+    assert_true(len > 0);
+    t->addrlen = (unsigned)len;
+  }
   weft_listener *l;
   assert_int_equal(weft_tcp_listen(t->rt, (struct sockaddr *)&t->addr,
                                    t->addrlen, NULL, on_accept, NULL, &l),
                    0);
+  t->addrlen = sizeof(t->addr); /* the port it got, for the clients */
+  assert_int_equal(
+      weft_listener_addr(l, (struct sockaddr *)&t->addr, &t->addrlen), 0);
   for (unsigned i = 0; i < CLIENTS; i++) {
     struct tclient *k = &t->cl[i];
     k->t = t;
@@ -270,7 +282,7 @@ static void test_chat_seeds(void **state) {
   (void)state;
   unsigned n = (unsigned)TU_SCALED(5000, 200);
   for (unsigned i = 0; i < n; i++)
-    run_chat(i + 1, 0);
+    run_chat(i + 1, 0, false);
   printf("# chat: %u seeds without faults\n", n);
 }
 
@@ -279,9 +291,21 @@ static void test_chat_seeds_faults(void **state) {
   unsigned n = (unsigned)TU_SCALED(5000, 200);
   uint64_t faults = 0;
   for (unsigned i = 0; i < n; i++)
-    faults += run_chat(i + 1, WEFT_SIM_FAULT_ALL);
+    faults += run_chat(i + 1, WEFT_SIM_FAULT_ALL, false);
   printf("# chat: %u seeds with every fault: %" PRIu64 " faults\n", n, faults);
   assert_true(faults >= n / 4);
+}
+
+/* The same server on a TCP port of the simulated host, with and without
+ * faults: the chat does not know the difference. */
+static void test_chat_tcp(void **state) {
+  (void)state;
+  unsigned n = (unsigned)TU_SCALED(500, 25);
+  for (unsigned i = 0; i < n; i++) {
+    run_chat(20000 + i, 0, true);
+    run_chat(30000 + i, WEFT_SIM_FAULT_ALL, true);
+  }
+  printf("# chat over TCP: %u seeds, and %u with every fault\n", n, n);
 }
 
 int main(void) {
@@ -289,6 +313,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_chat_seeds),
       cmocka_unit_test(test_chat_seeds_faults),
+      cmocka_unit_test(test_chat_tcp),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
