@@ -42,7 +42,7 @@
 #define CONN_LINES 9
 #endif
 _Static_assert(sizeof(struct weft__conn) <= CONN_LINES * WEFT_CACHELINE,
-               "a connection is nine cache lines at most");
+               "a connection is CONN_LINES cache lines at most");
 
 #define READ_MAX ((size_t)1 << 30)
 #define DEFAULT_LOW ((size_t)64 << 10)
