@@ -507,18 +507,8 @@ static uint64_t run_net(uint64_t seed, unsigned faults, unsigned odds,
   cfg.sim_faults = faults;
   cfg.sim_fault_odds = odds;
   assert_int_equal(weft_rt_create(&n->rt, &cfg), 0);
-  if (g_net_family == AF_INET) { /* 127.0.0.1, a port the host picks */
-    struct sockaddr_in *in = (struct sockaddr_in *)&n->addr;
-    in->sin_family = AF_INET;
-    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    n->addrlen = sizeof(*in);
-  } else {
-    char name[64];
-    snprintf(name, sizeof(name), "@weft-test-sim-%d", (int)getpid());
-    int len = weft_unix_addr((struct sockaddr_un *)&n->addr, name);
-    assert_true(len > 0);
-    n->addrlen = (unsigned)len;
-  }
+  n->addrlen =
+      tu_listen_addr(&n->addr, g_net_family == AF_INET, "weft-test-sim");
   assert_int_equal(weft_tcp_listen(n->rt, (struct sockaddr *)&n->addr,
                                    n->addrlen, NULL, echo_accept, n, &n->l),
                    0);

@@ -210,18 +210,7 @@ static uint64_t run_chat(uint64_t seed, unsigned faults, bool tcp) {
   cfg.sim_fault_odds = 256;
   assert_int_equal(weft_rt_create(&t->rt, &cfg), 0);
   g_rt = t->rt;
-  if (tcp) { /* 127.0.0.1, a port the simulated host picks */
-    struct sockaddr_in *in = (struct sockaddr_in *)&t->addr;
-    in->sin_family = AF_INET;
-    in->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    t->addrlen = sizeof(*in);
-  } else {
-    char name[64];
-    snprintf(name, sizeof(name), "@weft-test-sim-chat-%d", (int)getpid());
-    int len = weft_unix_addr((struct sockaddr_un *)&t->addr, name);
-    assert_true(len > 0);
-    t->addrlen = (unsigned)len;
-  }
+  t->addrlen = tu_listen_addr(&t->addr, tcp, "weft-test-sim-chat");
   weft_listener *l;
   assert_int_equal(weft_tcp_listen(t->rt, (struct sockaddr *)&t->addr,
                                    t->addrlen, NULL, on_accept, NULL, &l),

@@ -720,6 +720,7 @@ static inline void tu_assert_backend_(const char *file, int line, weft_rt *rt) {
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 
 /* 127.0.0.1:port. */
 static inline void tu_addr_loopback(struct sockaddr_in *a, uint16_t port) {
@@ -727,6 +728,22 @@ static inline void tu_addr_loopback(struct sockaddr_in *a, uint16_t port) {
   a->sin_family = AF_INET;
   a->sin_port = htons(port);
   a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+}
+
+/* Where a test's server listens: 127.0.0.1 and a port picked at listen
+ * (tcp), or the abstract Unix name "@NAME-PID". Returns its length. */
+static inline unsigned tu_listen_addr(struct sockaddr_storage *ss, bool tcp,
+                                      const char *name) {
+  memset(ss, 0, sizeof(*ss));
+  if (tcp) {
+    tu_addr_loopback((struct sockaddr_in *)ss, 0);
+    return sizeof(struct sockaddr_in);
+  }
+  char path[96];
+  snprintf(path, sizeof(path), "@%s-%d", name, (int)getpid());
+  int len = weft_unix_addr((struct sockaddr_un *)ss, path);
+  assert_true(len > 0);
+  return (unsigned)len;
 }
 
 /* The port of an IPv4 or IPv6 address, 0 for anything else. */
