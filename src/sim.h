@@ -22,7 +22,6 @@
 
 #include <stdbool.h>
 #include <stdint.h>
-#include <sys/socket.h>
 
 struct weft__sim;
 
@@ -56,6 +55,8 @@ bool weft__sim_fault(weft_rt *rt, unsigned kind);
  * the abstract Unix name of tcp's port into un. listener: a port 0 takes
  * the next free port, written back into tcp. -ENOTSUP for a family other
  * than AF_INET and AF_INET6. */
+struct sockaddr;
+struct sockaddr_storage;
 struct sockaddr_un;
 int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
                        struct sockaddr_un *un, unsigned *unlen, bool listener);
