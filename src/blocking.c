@@ -393,9 +393,8 @@ unsigned weft__blocking_sim_queued(weft_rt *rt) {
   return n;
 }
 
-void weft__blocking_sim_step(weft_rt *rt, uint64_t pick) {
+void weft__blocking_sim_step(weft_rt *rt, unsigned k) {
   struct weft__blocking *pools[] = {rt->blocking, rt->resolver};
-  unsigned k = (unsigned)(pick % weft__blocking_sim_queued(rt));
   for (int i = 0; i < 2; i++) {
     struct weft__blocking *b = pools[i];
     pthread_mutex_lock(&b->lock);

@@ -29,9 +29,9 @@ int weft__blocking_cancel_in(weft_rt *rt, struct weft__blocking *b,
                              weft_job id);
 #ifdef WEFT_SIM
 /* Simulation (sim.c): the jobs queued in both pools, and running the
- * (pick mod that)-th of them as a pool thread would. */
+ * k-th of them (k below that count) as a pool thread would. */
 unsigned weft__blocking_sim_queued(weft_rt *rt);
-void weft__blocking_sim_step(weft_rt *rt, uint64_t pick);
+void weft__blocking_sim_step(weft_rt *rt, unsigned k);
 #endif
 
 #endif

@@ -315,6 +315,10 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
   pthread_mutex_lock(&g_lock);
   bool busy = weft__load(&weft__sim_live, WA_RLX) || (seed && g_real);
   if (!busy && seed) {
+    /* Release after the clock's base: a reader whose acquire load of
+     * live sees 1 (clock.h) reads the base or a later tick. Only the
+     * driver moves the clock afterwards, and no other runtime lives to
+     * read it (g_real is 0 under g_lock), so relaxed suffices there. */
     weft__store(&weft__sim_clock, CLOCK_BASE, WA_RLX);
     weft__store(&weft__sim_live, 1, WA_REL);
     g_seed = seed;
@@ -509,7 +513,7 @@ static void step(weft_rt *rt, struct weft__sim *m, bool work, unsigned jobs) {
     weft__shard_step(t);
     weft__set_self(NULL);
   } else {
-    weft__blocking_sim_step(rt, r >> 32);
+    weft__blocking_sim_step(rt, (unsigned)((r >> 32) % jobs));
   }
   m->steps++;
   weft__fetch_add(&weft__sim_clock, 1 + (r >> 8) % STEP_NS_MAX, WA_RLX);
