@@ -15,8 +15,8 @@
  * (park.c, weft__notify_parked returns before its lock), and the driver
  * sees the queues itself.
  */
-#ifndef WEFT_SIM_H
-#define WEFT_SIM_H
+#ifndef WEFT_SIMULATION_H
+#define WEFT_SIMULATION_H
 
 #include "core.h"
 

@@ -62,7 +62,7 @@ prefix=$tmp/prefix
 echo "install_consumer: installing $build into $prefix"
 run "$tmp/install.log" "$CMAKE" --install "$build" --prefix "$prefix"
 [ -f "$prefix/include/weft.h" ] || fail "weft.h not installed in $prefix/include"
-for h in net.h sys.h; do
+for h in net.h sys.h sim.h; do
   [ -f "$prefix/include/weft/$h" ] || fail "weft/$h not installed in $prefix/include"
 done
 pc=$(find "$prefix" -name weft.pc -path '*/pkgconfig/*' | head -n 1)

@@ -1,0 +1,107 @@
+/*
+ * weft/sim.h - simulation, for tests: the weft_sim library runs a whole
+ * program under a seed, on a virtual clock, with the network's faults.
+ * Part of weft's API: include <weft.h>, which includes this file.
+ */
+#ifndef WEFT_SIM_H
+#define WEFT_SIM_H
+
+#ifndef WEFT_H
+#error "include <weft.h>, which includes this header"
+#endif
+
+/* ---- simulation ----------------------------------------------------------
+ * For tests. The weft_sim library (CMake: weft::weft_sim; -lweft_sim) is
+ * weft built for it. A runtime created there with weft_config.sim_seed
+ * (or WEFT_SIM_SEED) starts no thread: its shards run on the thread that
+ * waits for it, in weft_rt_wait, weft_rt_shutdown without
+ * WEFT_SHUTDOWN_NOWAIT and weft_rt_destroy, one step at a time. A step is
+ * a shard running its next run-queue item (a strand's turn, a timer's
+ * firing, a post from outside; a shard with none of its own steals), or a
+ * queued blocking job running. A PRNG seeded with sim_seed chooses each
+ * step, which job, and whom a shard steals from. Time is virtual:
+ * weft_now_ns and the timers read a clock that moves 1-2000 ns (drawn)
+ * with each handler call and each step and, when nothing can run, jumps
+ * to the next timer's deadline, so an hour of timeouts passes in
+ * milliseconds. weft_rt_wait's timeout is virtual too: when nothing is
+ * left to run before it, the clock jumps to it. What main posts or starts
+ * before the wait is taken in when the wait begins.
+ *
+ * The same program and seed call the same handlers in the same order at
+ * the same virtual times, in any process. weft_sim_info.log_hash sums
+ * that sequence up; WEFT_SIM_LOG=FILE writes it out, a line per call
+ * (virtual ns, shard or -1 for a blocking job, function, strand, each
+ * numbered by first appearance), to compare two runs (each simulated
+ * runtime writes the file anew). A run that crashes (an assert, a fault)
+ * prints its seed and how to replay it first, if the application left
+ * that signal's action at its default.
+ *
+ * The network is the kernel's Unix stream sockets: between two sockets
+ * of one process its answers follow from the calls alone, so they replay
+ * too. weft_tcp_listen and weft_tcp_connect take Unix addresses as
+ * always, and TCP ones (IPv4 or IPv6) as ports of one simulated host,
+ * each a Unix socket underneath: every address of the host is the same
+ * one, a port 0 listener gets the next free port (weft_listener_addr
+ * tells which), a connect to a port nobody listens on is refused, the
+ * connections' addresses read as the loopback address of their family
+ * with their ports, and TCP options succeed. Each shard takes in what its
+ * sockets have ready when nothing else is queued, and a drawn order is
+ * given to the events of each wait. The seed also injects faults where
+ * asked (weft_config.sim_faults, WEFT_SIM_FAULT_*).
+ *
+ * Differences from a real runtime: 4 shards unless workers says
+ * otherwise; the epoll backend; no monitor (a handler that blocks holds
+ * up the whole simulation) and no flight recorder; UDP sockets, name
+ * resolution, signal watchers and child processes fail with -ENOTSUP;
+ * files go through the blocking pool. Timers due at the same instant fire
+ * in the order they were started, as on a real runtime. While a
+ * simulation lives it is the process's only runtime: creating another of
+ * either kind fails with -EBUSY. A wait that only a thread outside could
+ * end (nothing to run, no timer armed, no shutdown started, no timeout)
+ * returns -EDEADLK and logs why. Posts from other threads of the
+ * application during a wait are taken in when they come, which a seed
+ * does not repeat. */
+
+/* Faults a simulation injects (weft_config.sim_faults), each where the
+ * kernel could have caused it, so the code under test meets it as it
+ * would for real; only while the simulation runs (in a wait), never in
+ * what main does before it. */
+#define WEFT_SIM_FAULT_REFUSE 1u /* a connect fails with -ECONNREFUSED */
+/* A connection breaks before a receive or a send: both ends see it end
+ * (end of file, -EPIPE). */
+#define WEFT_SIM_FAULT_BREAK 2u
+/* Descriptors run out: weft_tcp_connect fails with -EMFILE, or a
+ * listener's accept does (it drops the connections waiting, and pauses). */
+#define WEFT_SIM_FAULT_EMFILE 4u
+/* A new connection gets the kernel's smallest socket buffers: large
+ * writes go out in pieces and reads return less. */
+#define WEFT_SIM_FAULT_SMALLBUF 8u
+/* Memory runs out: a post, weft_strand_create, weft_timer_create or a
+ * connection's object fails with -ENOMEM (a connection being accepted is
+ * dropped: its client sees it closed). */
+#define WEFT_SIM_FAULT_ENOMEM 16u
+/* The network is slow: with nothing else to run, a shard leaves what its
+ * sockets have ready for up to 1 ms of virtual time; timers due meanwhile
+ * fire first. */
+#define WEFT_SIM_FAULT_DELAY 32u
+#define WEFT_SIM_FAULT_ALL 63u
+
+/* Where a simulation stands (weft_rt_sim_info). */
+typedef struct weft_sim_info {
+  uint64_t seed;     /* the seed in use */
+  uint64_t now_ns;   /* the virtual clock (weft_now_ns) */
+  uint64_t steps;    /* steps taken */
+  uint64_t handlers; /* handler and job calls */
+  uint64_t log_hash; /* FNV-1a over the calls, as WEFT_SIM_LOG writes them */
+  uint64_t faults;   /* faults injected */
+} weft_sim_info;
+
+/* Reads rt's simulation state. Errors: -EINVAL (rt or out NULL),
+ * -ENOTSUP (rt is not simulated). Any thread. */
+WEFT_API int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out,
+                                    size_t size);
+static inline int weft_rt_sim_info(weft_rt *rt, weft_sim_info *out) {
+  return weft_rt_sim_info_sized(rt, out, sizeof(*out));
+}
+
+#endif /* WEFT_SIM_H */
