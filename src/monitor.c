@@ -310,6 +310,21 @@ static void take_bt(weft_rt *rt, struct weft__monitor *m,
   weft__backtrace_take(rt, t, hs, thread_state(tid), bt);
 }
 
+void weft__stall_log(weft_rt *rt, const weft_stall *st, uint64_t suppressed,
+                     const char *why) {
+  char name[256], more[64] = "";
+  if (suppressed)
+    snprintf(more, sizeof(more), " (%llu more stalls not shown)",
+             (unsigned long long)suppressed);
+  weft__log(rt, WEFT_LOG_WARN,
+            "stall: %s on strand %p has run %.1f ms on shard %u; %s%s%s",
+            weft__addr_name(st->handler, name, sizeof(name)),
+            (void *)st->strand, st->running_ns / 1e6, st->shard,
+            st->handed_off ? "its shard moved to another thread"
+                           : "no thread to move its shard to",
+            more, why);
+}
+
 /* The stall line, then the frames (one line each, as weft_log_fn takes
  * one line a call): at most one report a second is printed, and frames
  * only with a printed line. on_stall gets every stall, with frames when
@@ -329,17 +344,7 @@ static void report(weft_rt *rt, struct weft__monitor *m, weft_stall st,
     return;
   }
   take_bt(rt, m, t, hs, now, &bt);
-  char name[256], more[64] = "";
-  if (m->suppressed)
-    snprintf(more, sizeof(more), " (%llu more stalls not shown)",
-             (unsigned long long)m->suppressed);
-  weft__log(rt, WEFT_LOG_WARN,
-            "stall: %s on strand %p has run %.1f ms on shard %u; %s%s%s",
-            weft__addr_name(st.handler, name, sizeof(name)), (void *)st.strand,
-            st.running_ns / 1e6, st.shard,
-            st.handed_off ? "its shard moved to another thread"
-                          : "no thread to move its shard to",
-            more, bt.why);
+  weft__stall_log(rt, &st, m->suppressed, bt.why);
   weft__backtrace_log(rt, &bt);
   m->last_print_ns = now;
   m->suppressed = 0;

@@ -25,5 +25,10 @@ void weft__monitor_nudge(weft_rt *rt);
 bool weft__spare_wait(struct weft__thread *t);
 /* At done: every spare wakes and exits. */
 void weft__spares_wake_all(weft_rt *rt);
+/* A stall's line in the log (WEFT_LOG_WARN), with the count of reports
+ * not printed since the last one and why it has no backtrace ("" if it
+ * has); the simulation's monitor (sim.c) prints the same. */
+void weft__stall_log(weft_rt *rt, const weft_stall *st, uint64_t suppressed,
+                     const char *why);
 
 #endif
