@@ -452,7 +452,7 @@ int weft_rt_create_sized(weft_rt **out, const weft_config *cfg,
    * process running, registering costs an RCU grace period, tens of
    * milliseconds (docs/cases.md, "Glommio's first sleep"). A process that
    * has threads already pays it here, in create, once. */
-  if (!(c.flags & WEFT_CONFIG_NO_MONITOR)) {
+  if (!(c.flags & WEFT_CONFIG_NO_MONITOR) && !weft__simulated(rt)) {
     rt->mon.membarrier_ok = weft__membarrier_register();
     /* Before the first thread too: each unblocks the signal at its start,
      * and it must find weft's handler there. */

@@ -101,11 +101,11 @@ static inline void weft__handler_enter(struct weft__thread *t, void *fn,
   uint64_t start = weft__load(&t->rt->mon.stamp, WA_RLX) ? weft__now_ns() : 0;
   weft__store(&t->hstart, start, WA_REL);
   t->in_handler = true;
-#ifdef WEFT_SIM
-  if (t->rt->sim)
-    weft__sim_note(t->rt, (int)t->shard->idx, fn, s);
-#endif
   weft__store(&t->hstate, (t->epoch << 2) | WEFT_HS_IN, WEFT_HS_STORE_MO);
+#ifdef WEFT_SIM
+  if (t->rt->sim) /* inside the epoch: a drawn stall may be handed off */
+    weft__sim_handler(t, fn, s);
+#endif
   /* Stamping may have turned on since the flag was read: say so, and the
    * monitor, maybe asleep for 1.4 thresholds already, counts the handler
    * from the switch (monitor.c, stamp_mode, has the argument). */

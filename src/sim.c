@@ -1,8 +1,9 @@
 /*
  * sim.c - simulation (sim.h): the driver, the virtual clock, the log of
- * handler calls and its hash, and the line that names the seed when a
- * simulated run crashes. Compiled into every library; everything but the
- * weft_rt_sim_info stub is in the weft_sim build only (WEFT_SIM).
+ * handler calls and its hash, stalls and the monitor's looks at them, and
+ * the line that names the seed when a simulated run crashes. Compiled
+ * into every library; everything but the stubs of weft_rt_sim_info and
+ * weft_sim_stall is in the weft_sim build only (WEFT_SIM).
  *
  * A step is one of: a shard's thread takes its next item (its rings, a
  * due timer, the inject queue, a steal) and runs it, as its run loop
@@ -39,12 +40,18 @@ int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
   return !rt || !out ? -EINVAL : -ENOTSUP;
 }
 
+int weft_sim_stall(uint64_t ns) {
+  (void)ns;
+  return -ENOTSUP;
+}
+
 #else
 
 #include "blocking.h"
 #include "clock.h"
 #include "io.h"
 #include "log.h"
+#include "monitor.h"
 #include "shard.h"
 #include "thread.h"
 
@@ -74,6 +81,7 @@ _Atomic uint32_t weft__sim_live;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static unsigned g_real;
 static unsigned g_serial; /* simulations created: their hosts' names */
+static weft_rt *g_sim;    /* the live simulation (weft_sim_stall) */
 /* The live simulation's seed, for the crash line (async-signal-safe). */
 static volatile sig_atomic_t g_have_seed;
 static uint64_t g_seed;
@@ -86,11 +94,18 @@ struct idmap {
   size_t cap, n;
 };
 
+struct stall;
+
 struct weft__sim {
   uint64_t seed, rng;
   uint64_t steps, handlers, hash, faults;
   unsigned fault_kinds, fault_odds;
-  bool running;       /* in weft__sim_run: faults strike only then */
+  bool running;         /* in weft__sim_run: faults strike only then */
+  bool monitor;         /* the application left the monitor on */
+  struct stall *stalls; /* the innermost stall under way, or NULL */
+  unsigned nstalls;
+  uint64_t last_print, suppressed; /* stall lines, one a second (monitor.c) */
+  unsigned *can;      /* the shards a step may take (steppable), nshards long */
   unsigned serial;    /* the simulated host's, in its socket names */
   uint32_t next_port; /* the next ephemeral port */
   struct idmap fns, strands;
@@ -248,7 +263,7 @@ static int faults_parse(const char *s, unsigned *out) {
       {"refuse", WEFT_SIM_FAULT_REFUSE}, {"break", WEFT_SIM_FAULT_BREAK},
       {"emfile", WEFT_SIM_FAULT_EMFILE}, {"smallbuf", WEFT_SIM_FAULT_SMALLBUF},
       {"enomem", WEFT_SIM_FAULT_ENOMEM}, {"delay", WEFT_SIM_FAULT_DELAY},
-      {"all", WEFT_SIM_FAULT_ALL}};
+      {"stall", WEFT_SIM_FAULT_STALL},   {"all", WEFT_SIM_FAULT_ALL}};
   *out = 0;
   while (*s) {
     size_t len = strcspn(s, ",");
@@ -293,8 +308,8 @@ int weft__sim_config(weft_config *c) {
     c->sim_fault_odds = odds && odds <= UINT32_MAX ? (unsigned)odds : 64;
   if (c->sim_faults & ~WEFT_SIM_FAULT_ALL)
     return -EINVAL;
-  c->flags |=
-      WEFT_CONFIG_NO_MONITOR | WEFT_CONFIG_NO_TIMER_SPIN | WEFT_CONFIG_NO_TRACE;
+  /* The monitor stays as asked: the driver makes its looks (stalls). */
+  c->flags |= WEFT_CONFIG_NO_TIMER_SPIN | WEFT_CONFIG_NO_TRACE;
   /* Unix stream sockets, on the kernel's own: between two sockets of one
    * process, a connect, a send and what epoll reports follow from the
    * calls alone, in the order they are made, so they are as deterministic
@@ -312,6 +327,10 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
   struct weft__sim *m = NULL;
   if (seed && !(m = calloc(1, sizeof(*m))))
     return -ENOMEM;
+  if (m && !(m->can = calloc(rt->nshards, sizeof(*m->can)))) {
+    free(m);
+    return -ENOMEM;
+  }
   pthread_mutex_lock(&g_lock);
   bool busy = weft__load(&weft__sim_live, WA_RLX) || (seed && g_real);
   if (!busy && seed) {
@@ -323,12 +342,15 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
     weft__store(&weft__sim_live, 1, WA_REL);
     g_seed = seed;
     g_have_seed = 1;
+    g_sim = rt;
     m->serial = ++g_serial;
   } else if (!busy) {
     g_real++;
   }
   pthread_mutex_unlock(&g_lock);
   if (busy) {
+    if (m)
+      free(m->can);
     free(m);
     weft__log(rt, WEFT_LOG_ERROR,
               "a simulated runtime cannot live beside another runtime in one "
@@ -343,6 +365,7 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
   m->next_port = FIRST_PORT;
   m->fault_kinds = c->sim_faults;
   m->fault_odds = c->sim_fault_odds;
+  m->monitor = !(c->flags & WEFT_CONFIG_NO_MONITOR);
   m->hash = 0xcbf29ce484222325ull;
   const char *path = getenv("WEFT_SIM_LOG");
   if (path && *path && !(m->log = fopen(path, "w")))
@@ -358,6 +381,7 @@ void weft__sim_detach(weft_rt *rt) {
   pthread_mutex_lock(&g_lock);
   if (rt->sim_claim == 2) {
     g_have_seed = 0;
+    g_sim = NULL;
     weft__store(&weft__sim_live, 0, WA_REL);
   } else if (rt->sim_claim == 1) {
     g_real--;
@@ -373,6 +397,7 @@ void weft__sim_detach(weft_rt *rt) {
   free(m->fns.ids);
   free(m->strands.keys);
   free(m->strands.ids);
+  free(m->can);
   free(m);
 }
 
@@ -503,12 +528,179 @@ static void declare_done(weft_rt *rt) {
   pthread_mutex_unlock(&rt->life.lock);
 }
 
-static void step(weft_rt *rt, struct weft__sim *m, bool work, unsigned jobs) {
-  unsigned shards = work ? rt->nshards : 0;
+/* ---- stalls and the monitor's looks ------------------------------------ */
+
+/* A handler that blocks (weft_sim_stall, WEFT_SIM_FAULT_STALL) is a call
+ * of the driver's inside it: its thread stays in the handler, in the
+ * epoch it published, while a nested run steps everything else until the
+ * stall ends. Stalls nest as calls do: one that began inside another and
+ * ends after it holds the other until then, as a sleep that returns late
+ * would. */
+struct stall {
+  struct weft__thread *t;
+  uint64_t start, until;
+  uint64_t look; /* the monitor's next look at it; UINT64_MAX: none */
+  bool reported, handed;
+  struct stall *outer;
+};
+
+static bool stalled(const struct weft__sim *m, const struct weft__thread *t) {
+  for (const struct stall *st = m->stalls; st; st = st->outer)
+    if (st->t == t)
+      return true;
+  return false;
+}
+
+/* The shards whose thread is not stalled, into m->can; their count. Read
+ * right before each use: a step may run a nested stall that rewrites it. */
+static unsigned steppable(weft_rt *rt, struct weft__sim *m) {
+  unsigned n = 0;
+  for (unsigned i = 0; i < rt->nshards; i++)
+    if (!m->nstalls || !stalled(m, weft__load(&rt->shards[i].owner, WA_ACQ)))
+      m->can[n++] = i;
+  return n;
+}
+
+/* A slot to hand a shard to: a thread that holds none and is not stalled
+ * (a shard's first thread, once it lost its shard, is one), or a new
+ * slot while fewer than max_threads exist; NULL at the limit, where
+ * monitor.c's spawn_spare fails too. Its slot state stays FREE: no
+ * thread of the kernel's is behind it to join. */
+static struct weft__thread *spare(weft_rt *rt, struct weft__sim *m) {
+  for (unsigned i = 0; i < rt->th.n; i++) {
+    struct weft__thread *t = &rt->threads[i];
+    if (!t->shard && !stalled(m, t)) {
+      weft__store(&t->taken, 0, WA_RLX); /* as weft__spare_wait */
+      return t;
+    }
+  }
+  if (rt->th.n >= rt->th.max)
+    return NULL;
+  struct weft__thread *t = &rt->threads[rt->th.n];
+  memset(t, 0, sizeof(*t));
+  t->rt = rt;
+  t->idx = rt->th.n;
+  pthread_mutex_lock(&rt->th.spare_lock); /* weft_rt_stats reads n */
+  rt->th.n++;
+  pthread_mutex_unlock(&rt->th.spare_lock);
+  return t;
+}
+
+/* monitor.c's handoff with nothing to race: t sits in its handler in the
+ * epoch it published, so the commit holds, and t finds its shard gone
+ * when the handler returns (weft__handler_leave). */
+static bool handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
+                    struct weft__thread *sp) {
+  uint64_t hs = weft__load(&t->hstate, WA_SC);
+  if ((hs & 3) != WEFT_HS_IN)
+    return false;
+  weft__busy_add(rt, 1); /* dropped by t's handler's count (strand.c) */
+  weft__store(&t->taken, 1, WA_SC);
+  if (!weft__handoff_commit(t, hs, true)) {
+    weft__busy_drop(rt, 1);
+    return false;
+  }
+  sp->shard = sh;
+  sp->searching = false;
+  weft__store(&sh->owner, sp, WA_REL);
+  return true;
+}
+
+/* A line of the log for the monitor's side: a stall's start and end, a
+ * handoff, a report; hashed as the calls are. */
+static void event(struct weft__sim *m, const char *what, unsigned thread,
+                  int shard, uint64_t v) {
+  uint64_t t = weft__now_ns() - CLOCK_BASE;
+  hash_word(&m->hash, t);
+  for (const char *c = what; *c; c++) {
+    m->hash ^= (unsigned char)*c;
+    m->hash *= 0x100000001b3ull;
+  }
+  hash_word(&m->hash, thread);
+  hash_word(&m->hash, (uint64_t)(shard + 1));
+  hash_word(&m->hash, v);
+  if (m->log)
+    fprintf(m->log, "%" PRIu64 " %d %s thread %u %" PRIu64 "\n", t, shard, what,
+            thread, v);
+}
+
+/* As monitor.c's report: on_stall, or a line at most once a (virtual)
+ * second. A simulated stall has no backtrace to show. */
+static void report(weft_rt *rt, struct weft__sim *m, const weft_stall *st,
+                   uint64_t now) {
+  if (rt->mon.on_stall) {
+    rt->mon.on_stall(st, rt->mon.on_stall_ctx);
+    return;
+  }
+  if (m->last_print && now - m->last_print < 1000000000u) {
+    m->suppressed++;
+    return;
+  }
+  weft__stall_log(rt, st, m->suppressed, "; simulated");
+  m->last_print = now;
+  m->suppressed = 0;
+}
+
+/* The monitor looks at a stall (monitor.c, scan): the first look comes
+ * between 1 and 1.5 thresholds after its start, as a real one's does. It
+ * hands the shard to a spare and reports the stall once; with no spare,
+ * it looks again every half threshold, and reports it unhanded once it
+ * has run 4 thresholds. */
+static void look_at(weft_rt *rt, struct weft__sim *m, struct stall *st,
+                    uint64_t now) {
+  struct weft__thread *t = st->t;
+  struct weft__shard *sh = t->shard;
+  uint64_t ns = rt->mon.stall_ns;
+  st->look = UINT64_MAX;
+  if (!sh || st->handed)
+    return;
+  weft_stall rep = {
+      .shard = sh->idx,
+      .strand = weft__load(&t->cur_strand, WA_RLX),
+      .handler = weft__load(&t->cur_fn, WA_RLX),
+      .running_ns = now - st->start,
+  };
+  struct weft__thread *sp = spare(rt, m);
+  st->handed = sp && handoff(rt, sh, t, sp);
+  if (st->handed) {
+    weft__stat_add(&sh->st.handoffs, 1);
+    event(m, "handoff", t->idx, (int)sh->idx, sp->idx);
+  } else {
+    st->look = now + ns / 2;
+    if (rep.running_ns < 4 * ns)
+      return;
+  }
+  if (st->reported)
+    return;
+  st->reported = true;
+  weft__stat_add(&sh->st.stalls, 1);
+  event(m, "reported", t->idx, (int)sh->idx, rep.running_ns);
+  rep.handed_off = st->handed;
+  report(rt, m, &rep, now);
+}
+
+/* The looks due by now; returns when the next one is due. */
+static uint64_t looks(weft_rt *rt, struct weft__sim *m, uint64_t now) {
+  uint64_t next = UINT64_MAX;
+  for (struct stall *st = m->stalls; st; st = st->outer) {
+    if (st->look <= now)
+      look_at(rt, m, st, now);
+    if (st->look < next)
+      next = st->look;
+  }
+  return next;
+}
+
+/* ---- the driver ---------------------------------------------------------- */
+
+/* One step: a shard of m->can[0..n) (its holder runs its next item), or,
+ * jobs nonzero, a queued blocking job. */
+static void step(weft_rt *rt, struct weft__sim *m, unsigned n, unsigned jobs) {
   uint64_t r = rnd(m);
-  unsigned pick = (unsigned)(r % (shards + (jobs ? 1 : 0)));
-  if (pick < shards) {
-    struct weft__thread *t = &rt->threads[pick];
+  unsigned pick = (unsigned)(r % (n + (jobs ? 1 : 0)));
+  if (pick < n) {
+    struct weft__thread *t =
+        weft__load(&rt->shards[m->can[pick]].owner, WA_ACQ);
     weft__set_self(t);
     weft__shard_step(t);
     weft__set_self(NULL);
@@ -519,29 +711,30 @@ static void step(weft_rt *rt, struct weft__sim *m, bool work, unsigned jobs) {
   weft__fetch_add(&weft__sim_clock, 1 + (r >> 8) % STEP_NS_MAX, WA_RLX);
 }
 
-/* With nothing queued: each shard's backend, in a drawn order, takes in
- * what its sockets have ready and queues their handlers, as a thread out
- * of work would before it parks. A delay (WEFT_SIM_FAULT_DELAY) leaves a
- * shard's events where they are, and the clock moves on by a drawn span,
- * never past the next timer (which then fires first) or the deadline.
- * Returns whether to look again: work was queued, or the clock moved. */
-static bool poll_io(weft_rt *rt, struct weft__sim *m, uint64_t next,
+/* With nothing queued: the backends of the n shards of m->can, in a
+ * drawn order, take in what their sockets have ready and queue their
+ * handlers, as a thread out of work would before it parks. A delay
+ * (WEFT_SIM_FAULT_DELAY) leaves a shard's events where they are, and the
+ * clock moves on by a drawn span, never past the next timer (which then
+ * fires first) or the deadline. Returns whether to look again: work was
+ * queued, or the clock moved. */
+static bool poll_io(weft_rt *rt, struct weft__sim *m, unsigned n, uint64_t next,
                     uint64_t deadline) {
-  if (!weft__load(&rt->io.all, WA_ACQ))
+  if (!n || !weft__load(&rt->io.all, WA_ACQ))
     return false;
-  unsigned n = rt->nshards, start = (unsigned)(rnd(m) % n);
+  unsigned start = (unsigned)(rnd(m) % n);
   bool delayed = false;
   for (unsigned i = 0; i < n; i++) {
-    unsigned k = (start + i) % n;
-    struct weft__io *io = weft__load(&rt->shards[k].io, WA_ACQ);
+    struct weft__shard *sh = &rt->shards[m->can[(start + i) % n]];
+    struct weft__io *io = weft__load(&sh->io, WA_ACQ);
     if (!io)
       continue;
     if (weft__sim_fault(rt, WEFT_SIM_FAULT_DELAY)) {
       delayed = true;
       continue;
     }
-    weft__set_self(&rt->threads[k]);
-    weft__io_poll(&rt->shards[k], io, true);
+    weft__set_self(weft__load(&sh->owner, WA_ACQ));
+    weft__io_poll(sh, io, true);
     weft__set_self(NULL);
   }
   if (weft__load(&rt->inject.len, WA_SC) > 0 || !rings_empty(rt))
@@ -570,6 +763,11 @@ void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits,
   }
 }
 
+static bool have_work(weft_rt *rt, uint64_t next, uint64_t now) {
+  return next <= now || weft__load(&rt->inject.len, WA_SC) > 0 ||
+         !rings_empty(rt);
+}
+
 static int run(weft_rt *rt, uint64_t deadline) {
   struct weft__sim *m = rt->sim;
   for (;;) {
@@ -580,11 +778,10 @@ static int run(weft_rt *rt, uint64_t deadline) {
       return 0;
     }
     uint64_t now = weft__now_ns();
-    unsigned jobs = weft__blocking_sim_queued(rt);
+    unsigned n = steppable(rt, m), jobs = weft__blocking_sim_queued(rt);
     uint64_t next = next_deadline(rt);
-    bool work = next <= now || weft__load(&rt->inject.len, WA_SC) > 0 ||
-                !rings_empty(rt);
-    if (!work && !jobs && poll_io(rt, m, next, deadline))
+    bool work = have_work(rt, next, now);
+    if (!work && !jobs && poll_io(rt, m, n, next, deadline))
       continue;
     if (!work && !jobs) {
       if (next != UINT64_MAX && next <= deadline) {
@@ -611,8 +808,85 @@ static int run(weft_rt *rt, uint64_t deadline) {
     }
     if (now >= deadline)
       return -ETIMEDOUT;
-    step(rt, m, work, jobs);
+    step(rt, m, work ? n : 0, jobs);
   }
+}
+
+/* The driver inside a stall: steps what can run around the stalled
+ * threads and makes the monitor's looks, until the clock reaches until.
+ * The runtime cannot finish meanwhile (a handler is running), and every
+ * step, or the clock's jump to the next event, moves the clock, so it
+ * ends. A timer due on a shard whose thread is stalled fires when another
+ * shard takes it over (timer_serve.c) or the shard is handed on. */
+static void run_stalled(weft_rt *rt, struct weft__sim *m, uint64_t until) {
+  for (;;) {
+    uint64_t now = weft__now_ns();
+    if (now >= until)
+      return;
+    uint64_t look = looks(rt, m, now), to = look < until ? look : until;
+    unsigned n = steppable(rt, m), jobs = weft__blocking_sim_queued(rt);
+    uint64_t next = next_deadline(rt);
+    bool work = n && have_work(rt, next, now);
+    if (work || jobs) {
+      step(rt, m, work ? n : 0, jobs);
+      continue;
+    }
+    if (poll_io(rt, m, n, next, to))
+      continue;
+    weft__store(&weft__sim_clock, next > now && next < to ? next : to, WA_RLX);
+  }
+}
+
+/* t, inside a handler, blocks for ns of virtual time. The caller's
+ * identity (the thread, its strand) is put back for its handler after. */
+static void stall(weft_rt *rt, struct weft__sim *m, struct weft__thread *t,
+                  uint64_t ns) {
+  uint64_t now = weft__now_ns(), th = rt->mon.stall_ns;
+  struct stall st = {.t = t, .start = now, .look = UINT64_MAX};
+  st.until = ns < UINT64_MAX - now ? now + ns : UINT64_MAX;
+  st.outer = m->stalls;
+  if (m->monitor && t->shard)
+    st.look = now + th + rnd(m) % (th / 2 + 1);
+  int shard = t->shard ? (int)t->shard->idx : -1;
+  event(m, "stall", t->idx, shard, st.until - now);
+  weft_strand *cur = weft_strand_current();
+  m->stalls = &st;
+  m->nstalls++;
+  weft__set_self(NULL);
+  weft__set_current_strand(NULL);
+  run_stalled(rt, m, st.until);
+  weft__set_self(t);
+  weft__set_current_strand(cur);
+  m->stalls = st.outer;
+  m->nstalls--;
+  event(m, "resumes", t->idx, shard, st.handed);
+}
+
+void weft__sim_handler(struct weft__thread *t, const void *fn,
+                       const void *strand) {
+  weft_rt *rt = t->rt;
+  struct weft__sim *m = rt->sim;
+  weft__sim_note(rt, (int)t->shard->idx, fn, strand);
+  /* Up to 3 thresholds: some end before the monitor looks, some after. */
+  if (m->nstalls < rt->nshards && weft__sim_fault(rt, WEFT_SIM_FAULT_STALL))
+    stall(rt, m, t, 1 + rnd(m) % (3 * rt->mon.stall_ns));
+}
+
+int weft_sim_stall(uint64_t ns) {
+  struct weft__thread *t = weft__self();
+  if (t && t->rt->sim && t->in_handler) {
+    if (ns)
+      stall(t->rt, t->rt->sim, t, ns);
+    return 0;
+  }
+  pthread_mutex_lock(&g_lock);
+  weft_rt *rt = g_sim;
+  if (rt)
+    weft__log(rt, WEFT_LOG_DEBUG,
+              "weft_sim_stall: not inside a handler on one of the "
+              "simulation's shards (main, a blocking job, another thread)");
+  pthread_mutex_unlock(&g_lock);
+  return rt ? -EPERM : -ENOTSUP;
 }
 
 int weft__sim_run(weft_rt *rt, uint64_t deadline) {

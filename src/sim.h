@@ -28,11 +28,11 @@ struct weft__sim;
 #ifdef WEFT_SIM
 /* Resolves cfg->sim_seed (0: WEFT_SIM_SEED from the environment) and, if
  * the runtime is to be simulated, its faults (WEFT_SIM_FAULTS,
- * WEFT_SIM_FAULT_ODDS) and what simulation fixes: no monitor, no timer
- * spin, no recorder, the epoll backend (Unix sockets underneath), 4
- * shards by default (so the same seed gives the same run on any machine).
- * -EINVAL for a malformed variable. Before the configuration is
- * resolved. */
+ * WEFT_SIM_FAULT_ODDS) and what simulation fixes: no monitor thread (the
+ * driver makes its looks), no timer spin, no recorder, the epoll backend (Unix
+ * sockets underneath), 4 shards by default (so the same seed gives the same run
+ * on any machine). -EINVAL for a malformed variable. Before the configuration
+ * is resolved. */
 int weft__sim_config(weft_config *cfg);
 /* After rt_init, before the shards read the clock: claims the process's
  * one simulation (or counts a real runtime: none may live beside one) and
@@ -47,6 +47,10 @@ uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i);
 int weft__sim_run(weft_rt *rt, uint64_t deadline);
 /* A handler call (shard -1: a blocking job), for the log and its hash. */
 void weft__sim_note(weft_rt *rt, int shard, const void *fn, const void *strand);
+/* A handler begins on thread t (weft__handler_enter, once its epoch is
+ * published): the log's line, and maybe a drawn stall (sim.c). */
+void weft__sim_handler(struct weft__thread *t, const void *fn,
+                       const void *strand);
 /* Whether the simulation injects a fault of kind (WEFT_SIM_FAULT_*) at
  * this chance of one; false for a real runtime. */
 bool weft__sim_fault(weft_rt *rt, unsigned kind);

@@ -75,6 +75,7 @@ static void test_rt_create_bad(void **state) {
   assert_int_equal(weft_rt_destroy(rt), 0);
 
   /* Only the weft_sim library simulates. */
+  tu_assert_rc(weft_sim_stall(1000), -ENOTSUP);
   weft_config_init(&cfg);
   cfg.sim_seed = 1;
   rt = NULL;

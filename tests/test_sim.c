@@ -495,6 +495,14 @@ static void client_connected(void *arg, weft_tcp *c, int status) {
 /* An echo server and CLIENTS clients over an abstract Unix socket, all in
  * one simulated runtime, with faults (WEFT_SIM_FAULT_*) or without.
  * Returns the hash of the test's own log. */
+/* Stalls reported (WEFT_SIM_FAULT_STALL), on the driving thread. */
+static unsigned g_net_stalls;
+static void net_stall(const weft_stall *st, void *ctx) {
+  (void)st;
+  (void)ctx;
+  g_net_stalls++;
+}
+
 static uint64_t run_net(uint64_t seed, unsigned faults, unsigned odds,
                         weft_sim_info *info) {
   struct net *n = calloc(1, sizeof(*n));
@@ -506,6 +514,7 @@ static uint64_t run_net(uint64_t seed, unsigned faults, unsigned odds,
   cfg.sim_seed = seed;
   cfg.sim_faults = faults;
   cfg.sim_fault_odds = odds;
+  cfg.on_stall = net_stall;
   assert_int_equal(weft_rt_create(&n->rt, &cfg), 0);
   n->addrlen =
       tu_listen_addr(&n->addr, g_net_family == AF_INET, "weft-test-sim");
@@ -612,10 +621,10 @@ static void test_tcp_sockets(void **state) {
 }
 
 /* The same with faults: refused connects, broken connections,
- * descriptors or memory running out, small buffers, a slow network, each
- * kind alone and all together. Each run keeps the invariants; each kind strikes
- * over the seeds, and alone leaves some runs whole. The same seed replays the
- * same faults. */
+ * descriptors or memory running out, small buffers, a slow network,
+ * handlers that block, each kind alone and all together. Each run keeps the
+ * invariants; each kind strikes over the seeds, and alone leaves some runs
+ * whole. The same seed replays the same faults. */
 static void test_unix_sockets_faults(void **state) {
   (void)state;
   weft_sim_info a, b;
@@ -634,11 +643,13 @@ static void test_unix_sockets_faults(void **state) {
               {"smallbuf", WEFT_SIM_FAULT_SMALLBUF, 4},
               {"enomem", WEFT_SIM_FAULT_ENOMEM, 16},
               {"delay", WEFT_SIM_FAULT_DELAY, 4},
+              {"stall", WEFT_SIM_FAULT_STALL, 64},
               {"all", WEFT_SIM_FAULT_ALL, 512}};
   unsigned nseeds = (unsigned)TU_SCALED(200, 20);
   for (unsigned k = 0; k < sizeof(sets) / sizeof(sets[0]); k++) {
     unsigned whole = 0, hit = 0;
     uint64_t faults = 0;
+    g_net_stalls = 0;
     for (unsigned i = 0; i < nseeds; i++) {
       run_net(1000 + i, sets[k].kinds, sets[k].odds, &a);
       faults += a.faults;
@@ -651,6 +662,9 @@ static void test_unix_sockets_faults(void **state) {
     assert_true(hit > 0);
     /* One kind alone leaves some runs whole; all together may not. */
     assert_true(whole > 0 || sets[k].kinds == WEFT_SIM_FAULT_ALL);
+    /* Up to 3 thresholds: many are long enough for the monitor. */
+    if (sets[k].kinds == WEFT_SIM_FAULT_STALL)
+      assert_true(g_net_stalls > 0);
   }
 }
 

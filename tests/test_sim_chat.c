@@ -194,6 +194,16 @@ static void tc_connected(void *arg, weft_tcp *c, int status) {
   tc_read(k);
 }
 
+/* Stalls the simulated monitor reported (WEFT_SIM_FAULT_STALL), and how
+ * many of those it handed to a spare thread: on the driving thread, so
+ * plain counters. */
+static uint64_t g_stalls, g_handed;
+static void on_stall(const weft_stall *st, void *ctx) {
+  (void)ctx;
+  g_stalls++;
+  g_handed += st->handed_off != 0;
+}
+
 /* One run; a failure prints the seed. Returns the faults injected. */
 static uint64_t run_chat(uint64_t seed, unsigned faults, bool tcp) {
   struct tchat *t = calloc(1, sizeof(*t));
@@ -208,6 +218,7 @@ static uint64_t run_chat(uint64_t seed, unsigned faults, bool tcp) {
   cfg.sim_seed = seed;
   cfg.sim_faults = faults;
   cfg.sim_fault_odds = 256;
+  cfg.on_stall = on_stall;
   assert_int_equal(weft_rt_create(&t->rt, &cfg), 0);
   g_rt = t->rt;
   t->addrlen = tu_listen_addr(&t->addr, tcp, "weft-test-sim-chat");
@@ -279,10 +290,14 @@ static void test_chat_seeds_faults(void **state) {
   (void)state;
   unsigned n = (unsigned)TU_SCALED(5000, 200);
   uint64_t faults = 0;
+  g_stalls = g_handed = 0;
   for (unsigned i = 0; i < n; i++)
     faults += run_chat(i + 1, WEFT_SIM_FAULT_ALL, false);
-  printf("# chat: %u seeds with every fault: %" PRIu64 " faults\n", n, faults);
+  printf("# chat: %u seeds with every fault: %" PRIu64 " faults, %" PRIu64
+         " stalls reported, %" PRIu64 " handed off\n",
+         n, faults, g_stalls, g_handed);
   assert_true(faults >= n / 4);
+  assert_true(g_handed > 0);
 }
 
 /* The same server on a TCP port of the simulated host, with and without

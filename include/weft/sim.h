@@ -49,9 +49,16 @@
  * given to the events of each wait. The seed also injects faults where
  * asked (weft_config.sim_faults, WEFT_SIM_FAULT_*).
  *
+ * The monitor runs in virtual time. A handler that calls weft_sim_stall
+ * (or meets WEFT_SIM_FAULT_STALL) blocks for a span of virtual time while
+ * everything else runs on, and the monitor notices it, reports it and
+ * hands its shard to a spare thread as it would a real one's, on the
+ * thread that runs the simulation (on_stall is called there; a report has
+ * no backtrace). A handler that really blocks, in a system call, holds up
+ * the whole simulation instead.
+ *
  * Differences from a real runtime: 4 shards unless workers says
- * otherwise; the epoll backend; no monitor (a handler that blocks holds
- * up the whole simulation) and no flight recorder; UDP sockets, name
+ * otherwise; the epoll backend; no flight recorder; UDP sockets, name
  * resolution, signal watchers and child processes fail with -ENOTSUP;
  * files go through the blocking pool. Timers due at the same instant fire
  * in the order they were started, as on a real runtime. While a
@@ -84,7 +91,11 @@
  * sockets have ready for up to 1 ms of virtual time; timers due meanwhile
  * fire first. */
 #define WEFT_SIM_FAULT_DELAY 32u
-#define WEFT_SIM_FAULT_ALL 63u
+/* A handler blocks at its start for a drawn span of up to 3 stall
+ * thresholds, as if it called weft_sim_stall; at most as many at once as
+ * there are shards. */
+#define WEFT_SIM_FAULT_STALL 64u
+#define WEFT_SIM_FAULT_ALL 127u
 
 /* Where a simulation stands (weft_rt_sim_info). */
 typedef struct weft_sim_info {
@@ -103,5 +114,23 @@ WEFT_API int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out,
 static inline int weft_rt_sim_info(weft_rt *rt, weft_sim_info *out) {
   return weft_rt_sim_info_sized(rt, out, sizeof(*out));
 }
+
+/* Blocks the calling handler for ns nanoseconds of virtual time, as a
+ * blocking call would (a sleep, a slow disk, a lock held elsewhere):
+ * the thread stays inside the handler, so its strand waits, while every
+ * other strand, timer and socket runs on. Past the stall threshold the
+ * monitor reports the stall (weft_config.on_stall, or the log) and hands
+ * the shard to a spare thread, and the shard's other work goes on there;
+ * a handler whose shard was handed on finishes outside the runtime, as
+ * on a real one. For a test that the rest of a program keeps its pace
+ * while one handler is slow; on a real runtime, sleep instead. 0 once the
+ * span has passed (at once for 0), or later, as a sleep may return: a
+ * stall that began during this one's and ends after it holds this one
+ * until then (the simulation runs stalls as nested calls), and a wait
+ * whose timeout passes during a stall returns once it has ended. Errors: -EPERM from
+ * a simulated runtime's main thread or blocking job or from another thread:
+ * only a handler running on a shard can block it; -ENOTSUP when no simulated
+ * runtime lives (always outside the weft_sim library). */
+WEFT_API int weft_sim_stall(uint64_t ns);
 
 #endif /* WEFT_SIM_H */
