@@ -263,7 +263,8 @@ static int faults_parse(const char *s, unsigned *out) {
       {"refuse", WEFT_SIM_FAULT_REFUSE}, {"break", WEFT_SIM_FAULT_BREAK},
       {"emfile", WEFT_SIM_FAULT_EMFILE}, {"smallbuf", WEFT_SIM_FAULT_SMALLBUF},
       {"enomem", WEFT_SIM_FAULT_ENOMEM}, {"delay", WEFT_SIM_FAULT_DELAY},
-      {"stall", WEFT_SIM_FAULT_STALL},   {"all", WEFT_SIM_FAULT_ALL}};
+      {"stall", WEFT_SIM_FAULT_STALL},   {"drop", WEFT_SIM_FAULT_DROP},
+      {"all", WEFT_SIM_FAULT_ALL}};
   *out = 0;
   while (*s) {
     size_t len = strcspn(s, ",");
@@ -314,7 +315,8 @@ int weft__sim_config(weft_config *c) {
    * process, a connect, a send and what epoll reports follow from the
    * calls alone, in the order they are made, so they are as deterministic
    * as the calls. A TCP address is a port of the simulated host, a Unix
-   * socket underneath (weft__sim_tcp_name); UDP is refused (udp.c). */
+   * socket underneath (weft__sim_tcp_name), and a UDP one a Unix
+   * datagram socket (weft__sim_udp_name, udp.c). */
   c->backend = WEFT_BACKEND_EPOLL;
   if (!c->workers)
     c->workers = DEFAULT_WORKERS;
@@ -419,7 +421,8 @@ uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i) {
 
 /* ---- TCP on the simulated host ------------------------------------------- */
 
-/* "\0weft-sim-PID-SERIAL-KPORT": K is l (a listener) or c (a client). */
+/* "\0weft-sim-PID-SERIAL-KPORT": K is l (a listener), c (a TCP client)
+ * or u (a UDP socket). */
 static unsigned name_of(struct weft__sim *m, char kind, unsigned port,
                         struct sockaddr_un *un) {
   memset(un, 0, sizeof(*un));
@@ -436,19 +439,30 @@ static uint16_t next_port(struct weft__sim *m) {
   return (uint16_t)p;
 }
 
-int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
-                       struct sockaddr_un *un, unsigned *unlen, bool listener) {
+/* The name of in's port, of kind; pick: a port 0 takes the next one. */
+static int port_name(weft_rt *rt, struct sockaddr_storage *in, char kind,
+                     bool pick, struct sockaddr_un *un, unsigned *unlen) {
   in_port_t *pp;
-  if (tcp->ss_family == AF_INET)
-    pp = &((struct sockaddr_in *)tcp)->sin_port;
-  else if (tcp->ss_family == AF_INET6)
-    pp = &((struct sockaddr_in6 *)tcp)->sin6_port;
+  if (in->ss_family == AF_INET)
+    pp = &((struct sockaddr_in *)in)->sin_port;
+  else if (in->ss_family == AF_INET6)
+    pp = &((struct sockaddr_in6 *)in)->sin6_port;
   else
     return -ENOTSUP;
-  if (listener && !*pp)
+  if (pick && !*pp)
     *pp = htons(next_port(rt->sim));
-  *unlen = name_of(rt->sim, 'l', ntohs(*pp), un);
+  *unlen = name_of(rt->sim, kind, ntohs(*pp), un);
   return 0;
+}
+
+int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
+                       struct sockaddr_un *un, unsigned *unlen, bool listener) {
+  return port_name(rt, tcp, 'l', listener, un, unlen);
+}
+
+int weft__sim_udp_name(weft_rt *rt, struct sockaddr_storage *udp,
+                       struct sockaddr_un *un, unsigned *unlen, bool bind) {
+  return port_name(rt, udp, 'u', bind, un, unlen);
 }
 
 int weft__sim_tcp_bind_client(weft_rt *rt, int fd) {
@@ -460,7 +474,7 @@ int weft__sim_tcp_bind_client(weft_rt *rt, int fd) {
   return port;
 }
 
-uint16_t weft__sim_tcp_port_of(const struct sockaddr_un *un, unsigned len) {
+uint16_t weft__sim_port_of(const struct sockaddr_un *un, unsigned len) {
   size_t off = offsetof(struct sockaddr_un, sun_path);
   if (len <= off + 1 || un->sun_path[0])
     return 0;
@@ -473,8 +487,8 @@ uint16_t weft__sim_tcp_port_of(const struct sockaddr_un *un, unsigned len) {
   return v <= 65535 ? (uint16_t)v : 0;
 }
 
-void weft__sim_tcp_addr(int family, uint16_t port, struct sockaddr *out,
-                        unsigned *len) {
+void weft__sim_host_addr(int family, uint16_t port, struct sockaddr *out,
+                         unsigned *len) {
   struct sockaddr_storage ss;
   memset(&ss, 0, sizeof(ss));
   unsigned n;

@@ -64,15 +64,21 @@ struct sockaddr_storage;
 struct sockaddr_un;
 int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
                        struct sockaddr_un *un, unsigned *unlen, bool listener);
+/* UDP on the simulated host, the same way over Unix datagram sockets,
+ * with ports of their own: the name of udp's port. bind: a port 0 takes
+ * the next free port, written back into udp. -ENOTSUP as above. */
+int weft__sim_udp_name(weft_rt *rt, struct sockaddr_storage *udp,
+                       struct sockaddr_un *un, unsigned *unlen, bool bind);
 /* Binds connecting socket fd to the name of a new client port, which it
  * returns (or -errno). */
 int weft__sim_tcp_bind_client(weft_rt *rt, int fd);
-/* The port a simulated name holds (a peer's, from getpeername), or 0. */
-uint16_t weft__sim_tcp_port_of(const struct sockaddr_un *un, unsigned len);
+/* The port a simulated name holds (a peer's, from getpeername or a
+ * datagram's source), or 0. */
+uint16_t weft__sim_port_of(const struct sockaddr_un *un, unsigned len);
 /* The loopback address of family, with port, as the simulated host's
- * TCP addresses read. */
-void weft__sim_tcp_addr(int family, uint16_t port, struct sockaddr *out,
-                        unsigned *len);
+ * TCP and UDP addresses read. */
+void weft__sim_host_addr(int family, uint16_t port, struct sockaddr *out,
+                         unsigned *len);
 /* Puts n readiness events of one epoll wait in a drawn order (io_epoll.c). */
 void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits, unsigned n);
 #else

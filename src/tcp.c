@@ -371,7 +371,7 @@ static void sim_accepted(struct weft__conn *c, struct weft_listener *l) {
   c->sim_family = (uint8_t)family;
   c->sim_lport = port;
   if (getpeername(c->s.fd, (struct sockaddr *)&un, &len) == 0)
-    c->sim_pport = weft__sim_tcp_port_of(&un, len);
+    c->sim_pport = weft__sim_port_of(&un, len);
 }
 #endif
 

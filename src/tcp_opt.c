@@ -65,8 +65,8 @@ static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
 #ifdef WEFT_SIM
   struct weft__conn *sc = weft__conn_of(c);
   if (sc->sim_family) {
-    weft__sim_tcp_addr(sc->sim_family, peer ? sc->sim_pport : sc->sim_lport,
-                       addr, addrlen);
+    weft__sim_host_addr(sc->sim_family, peer ? sc->sim_pport : sc->sim_lport,
+                        addr, addrlen);
     return 0;
   }
 #endif

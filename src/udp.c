@@ -22,10 +22,17 @@
  * and reset whenever the queue empties: weft_udp_send copies into it, so
  * the caller's buffer is free at once, and the queue's bound in bytes is
  * its memory.
+ *
+ * Under simulation (sim.h) a socket is a port of the simulated host, a
+ * Unix datagram socket bound to the port's name: addresses are mapped at
+ * open, at each send (sim_flush) and at each delivery, and a connected
+ * socket only remembers its peer, since UDP may connect to a port nobody
+ * holds and a Unix socket may not.
  */
 #include "udp.h"
 
 #include "rt.h"
+#include "sim.h"
 #include "sock.h"
 #include "tcp.h"
 #include "thread.h"
@@ -36,6 +43,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define BATCH 32
@@ -86,6 +94,13 @@ struct udp {
   struct msghdr wmsg; /* uring: the ring's send of the head */
   struct iovec wiov;
   int32_t wres;
+#ifdef WEFT_SIM
+  /* A port of the simulated host (sim.h), a Unix datagram socket
+   * underneath: its own port, and the peer's address while connected (the
+   * socket itself is not: UDP connects to a port nobody holds). */
+  uint16_t sim_port;
+  struct sockaddr_storage sim_peer;
+#endif
 };
 
 static struct udp *udp_of(const weft_udp *u) { return (struct udp *)u; }
@@ -130,10 +145,51 @@ static void ring_send(struct udp *u) {
     weft__sock_kick(&u->s); /* the ring is full: try again shortly */
 }
 
+#ifdef WEFT_SIM
+/* flush in a simulation, a datagram at a time, to the Unix name of its
+ * port. A datagram may be lost (WEFT_SIM_FAULT_DROP), and what the Unix
+ * socket refuses where UDP would not is loss too: a receiver that has
+ * not read what waits (-EAGAIN: unread datagrams count against the
+ * sender's buffer too), and nobody on the port (-ECONNREFUSED), which a
+ * connected socket hears of, as UDP hears of the ICMP refusal. */
+static void sim_flush(struct udp *u) {
+  while (u->s.state == ST_OPEN && queued(u)) {
+    struct sq_ent *e = &u->sq[u->head % QUEUE_ENTRIES];
+    struct sockaddr_storage to = e->tolen ? e->to : u->sim_peer;
+    struct sockaddr_un un;
+    unsigned unlen;
+    struct msghdr m;
+    struct iovec iov;
+    if (!e->tolen && !u->connected) { /* disconnected since it was queued */
+      send_complete(u, -EDESTADDRREQ);
+      continue;
+    }
+    if (weft__sim_fault(u->s.rt, WEFT_SIM_FAULT_DROP) ||
+        weft__sim_udp_name(u->s.rt, &to, &un, &unlen, false)) {
+      send_complete(u, 0);
+      continue;
+    }
+    fill_msg(u, e, &m, &iov);
+    m.msg_name = &un;
+    m.msg_namelen = unlen;
+    int err = sendmsg(u->s.fd, &m, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 ? errno : 0;
+    if (err == EAGAIN || (err == ECONNREFUSED && e->tolen))
+      err = 0;
+    send_complete(u, -err);
+  }
+}
+#endif
+
 /* Sends what is queued, in batches, until the queue is empty or the
  * socket buffer is full. */
 static void flush(struct udp *u) {
   u->kicked = false;
+#ifdef WEFT_SIM
+  if (weft__simulated(u->s.rt)) {
+    sim_flush(u);
+    return;
+  }
+#endif
   while (u->s.state == ST_OPEN && queued(u) && u->writable && !u->ring_send) {
     struct mmsghdr mm[BATCH];
     struct iovec iov[BATCH];
@@ -180,10 +236,26 @@ static void deliver(struct udp *u, unsigned i) {
   struct mmsghdr *m = &u->rb->msg[i];
   unsigned len = m->msg_len < u->maxdg ? m->msg_len : u->maxdg;
   unsigned flags = (m->msg_hdr.msg_flags & MSG_TRUNC) ? WEFT_UDP_TRUNC : 0;
+  const struct sockaddr *from = (const struct sockaddr *)&u->rb->addr[i];
+  unsigned fromlen = m->msg_hdr.msg_namelen;
+#ifdef WEFT_SIM
+  struct sockaddr_storage in;
+  if (weft__simulated(u->s.rt)) { /* the sender's port, as UDP reads it */
+    uint16_t port =
+        weft__sim_port_of((const struct sockaddr_un *)from, fromlen);
+    const struct sockaddr_in *p4 = (const struct sockaddr_in *)&u->sim_peer;
+    const struct sockaddr_in6 *p6 = (const struct sockaddr_in6 *)&u->sim_peer;
+    if (u->connected &&
+        port != ntohs(u->family == AF_INET ? p4->sin_port : p6->sin6_port))
+      return; /* the kernel drops what a connected socket's peer did not send */
+    fromlen = sizeof(in);
+    weft__sim_host_addr(u->family, port, (struct sockaddr *)&in, &fromlen);
+    from = (const struct sockaddr *)&in;
+  }
+#endif
   weft__calling((void *)u->rfn);
-  u->rfn(u->rarg, (weft_udp *)u, (long)len, m->msg_hdr.msg_iov->iov_base,
-         (const struct sockaddr *)&u->rb->addr[i], m->msg_hdr.msg_namelen,
-         flags);
+  u->rfn(u->rarg, (weft_udp *)u, (long)len, m->msg_hdr.msg_iov->iov_base, from,
+         fromlen, flags);
 }
 
 static bool recv_wanted(const struct udp *u) {
@@ -374,8 +446,6 @@ static int open_check(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
   if (addrlen >= sizeof(sa_family_t) && addr->sa_family == AF_UNIX)
     return -EAFNOSUPPORT; /* datagram Unix sockets are not served */
   int r = weft__tcp_check(rt, addr, addrlen);
-  if (!r && weft__simulated(rt))
-    r = -ENOTSUP; /* a simulation's network is streams (sim.h) */
   if (r)
     return r;
   int sr = weft__strand_usable(rt, s);
@@ -389,13 +459,29 @@ int weft_udp_open(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
   int r = open_check(rt, s, addr, addrlen, o, out);
   if (r)
     return r;
+  int family = addr->sa_family;
+  socklen_t alen = (socklen_t)family_len(family);
+#ifdef WEFT_SIM
+  /* A port of the simulated host: a Unix datagram socket bound to its
+   * name (sim.h). */
+  struct sockaddr_storage in;
+  struct sockaddr_un un;
+  if (weft__simulated(rt)) {
+    unsigned unlen;
+    memset(&in, 0, sizeof(in));
+    memcpy(&in, addr, alen);
+    if ((r = weft__sim_udp_name(rt, &in, &un, &unlen, true)))
+      return r;
+    addr = (const struct sockaddr *)&un;
+    alen = unlen;
+  }
+#endif
   int fd = socket(addr->sa_family,
                   SOCK_DGRAM | SOCK_CLOEXEC | weft__io_sock_flags(rt), 0);
   if (fd < 0)
     return -errno;
   if ((r = socket_setup(fd, o ? o->flags : 0)) ||
-      (bind(fd, addr, (socklen_t)family_len(addr->sa_family)) < 0 &&
-       (r = -errno))) {
+      (bind(fd, addr, alen) < 0 && (r = -errno))) {
     close(fd);
     return r;
   }
@@ -412,7 +498,13 @@ int weft_udp_open(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
     return r;
   }
   u->s.state = ST_OPEN;
-  u->family = addr->sa_family;
+  u->family = family;
+#ifdef WEFT_SIM
+  if (weft__simulated(rt))
+    u->sim_port =
+        ntohs(family == AF_INET ? ((struct sockaddr_in *)&in)->sin_port
+                                : ((struct sockaddr_in6 *)&in)->sin6_port);
+#endif
   u->writable = true;
   u->readable = true; /* a first recvmmsg tells */
   r = weft__sock_register(&u->s, home, true);
@@ -513,6 +605,15 @@ int weft_udp_connect(weft_udp *wu, const struct sockaddr *addr,
   } else if ((r = send_check(u, 0, addr, addrlen))) {
     return r;
   }
+#ifdef WEFT_SIM
+  if (weft__simulated(u->s.rt)) { /* remembered: sim_flush, deliver */
+    memset(&u->sim_peer, 0, sizeof(u->sim_peer));
+    if (addr != &unspec)
+      memcpy(&u->sim_peer, addr, (size_t)family_len(u->family));
+    u->connected = addr != &unspec;
+    return 0;
+  }
+#endif
   if (connect(u->s.fd, addr, addrlen) < 0)
     return -errno;
   u->connected = addr != &unspec;
@@ -527,6 +628,8 @@ int weft_udp_membership(weft_udp *wu, const struct sockaddr *group,
     return r;
   if (!group || (r = send_check(u, 0, group, grouplen)))
     return r ? r : -EINVAL;
+  if (weft__simulated(u->s.rt))
+    return -ENOTSUP; /* one simulated host: no groups */
   if (group->sa_family == AF_INET) {
     struct ip_mreqn m = {.imr_ifindex = (int)ifindex};
     m.imr_multiaddr = ((const struct sockaddr_in *)group)->sin_addr;
@@ -570,6 +673,12 @@ int weft_udp_local_addr(weft_udp *wu, struct sockaddr *addr,
     return r;
   if (!addr || !addrlen)
     return -EINVAL;
+#ifdef WEFT_SIM
+  if (weft__simulated(u->s.rt)) {
+    weft__sim_host_addr(u->family, u->sim_port, addr, addrlen);
+    return 0;
+  }
+#endif
   socklen_t len = *addrlen;
   if (getsockname(u->s.fd, addr, &len) < 0)
     return -errno;

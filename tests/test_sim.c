@@ -588,8 +588,8 @@ static void test_unix_sockets(void **state) {
 
 /* TCP addresses in a simulation: 127.0.0.1 and a port the simulated host
  * picks, addresses that read as TCP ones on both ends, options that
- * apply; the same run for a seed, and the faults' invariants. UDP is
- * refused. */
+ * apply; the same run for a seed, and the faults' invariants. UDP has a
+ * test of its own (test_sim_udp). */
 static void test_tcp_sockets(void **state) {
   (void)state;
   g_net_family = AF_INET;
@@ -606,18 +606,6 @@ static void test_tcp_sockets(void **state) {
   printf("# TCP: %u seeds, and %u with faults (%u whole)\n", nseeds, nseeds,
          whole);
   g_net_family = AF_UNIX;
-  weft_rt *rt;
-  weft_config cfg;
-  weft_config_init(&cfg);
-  cfg.sim_seed = 1;
-  assert_int_equal(weft_rt_create(&rt, &cfg), 0);
-  struct sockaddr_in in = {.sin_family = AF_INET,
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  weft_udp *u;
-  assert_int_equal(
-      weft_udp_open(rt, NULL, (struct sockaddr *)&in, sizeof(in), NULL, &u),
-      -ENOTSUP);
-  assert_int_equal(weft_rt_destroy(rt), 0);
 }
 
 /* The same with faults: refused connects, broken connections,

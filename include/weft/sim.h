@@ -36,18 +36,25 @@
  * prints its seed and how to replay it first, if the application left
  * that signal's action at its default.
  *
- * The network is the kernel's Unix stream sockets: between two sockets
- * of one process its answers follow from the calls alone, so they replay
- * too. weft_tcp_listen and weft_tcp_connect take Unix addresses as
- * always, and TCP ones (IPv4 or IPv6) as ports of one simulated host,
- * each a Unix socket underneath: every address of the host is the same
+ * The network is the kernel's Unix sockets: between two sockets of one
+ * process its answers follow from the calls alone, so they replay too.
+ * weft_tcp_listen and weft_tcp_connect take Unix addresses as always,
+ * and TCP ones (IPv4 or IPv6) as ports of one simulated host, each a
+ * Unix stream socket underneath: every address of the host is the same
  * one, a port 0 listener gets the next free port (weft_listener_addr
  * tells which), a connect to a port nobody listens on is refused, the
  * connections' addresses read as the loopback address of their family
- * with their ports, and TCP options succeed. Each shard takes in what its
- * sockets have ready when nothing else is queued, and a drawn order is
- * given to the events of each wait. The seed also injects faults where
- * asked (weft_config.sim_faults, WEFT_SIM_FAULT_*).
+ * with their ports, and TCP options succeed. UDP sockets are ports of
+ * the same host (a port space of their own), each a Unix datagram socket
+ * underneath: addresses read as UDP ones, datagrams between two sockets
+ * arrive in the order sent, and one is lost where UDP could lose it: to
+ * a port nobody holds (a connected socket's send then fails with
+ * -ECONNREFUSED), or beyond the 10 a socket holds unread
+ * (net.unix.max_dgram_qlen); there are no multicast groups
+ * (weft_udp_membership: -ENOTSUP). Each shard takes in what its sockets
+ * have ready when nothing else is queued, and a drawn order is given to
+ * the events of each wait. The seed also injects faults where asked
+ * (weft_config.sim_faults, WEFT_SIM_FAULT_*).
  *
  * The monitor runs in virtual time. A handler that calls weft_sim_stall
  * (or meets WEFT_SIM_FAULT_STALL) blocks for a span of virtual time while
@@ -58,9 +65,9 @@
  * the whole simulation instead.
  *
  * Differences from a real runtime: 4 shards unless workers says
- * otherwise; the epoll backend; no flight recorder; UDP sockets, name
- * resolution, signal watchers and child processes fail with -ENOTSUP;
- * files go through the blocking pool. Timers due at the same instant fire
+ * otherwise; the epoll backend; no flight recorder; name resolution,
+ * signal watchers and child processes fail with -ENOTSUP; files go
+ * through the blocking pool. Timers due at the same instant fire
  * in the order they were started, as on a real runtime. While a
  * simulation lives it is the process's only runtime: creating another of
  * either kind fails with -EBUSY. A wait that only a thread outside could
@@ -95,7 +102,10 @@
  * thresholds, as if it called weft_sim_stall; at most as many at once as
  * there are shards. */
 #define WEFT_SIM_FAULT_STALL 64u
-#define WEFT_SIM_FAULT_ALL 127u
+/* A UDP datagram is lost on its way: its send completes with 0 and
+ * nobody receives it. */
+#define WEFT_SIM_FAULT_DROP 128u
+#define WEFT_SIM_FAULT_ALL 255u
 
 /* Where a simulation stands (weft_rt_sim_info). */
 typedef struct weft_sim_info {
@@ -127,10 +137,10 @@ static inline int weft_rt_sim_info(weft_rt *rt, weft_sim_info *out) {
  * span has passed (at once for 0), or later, as a sleep may return: a
  * stall that began during this one's and ends after it holds this one
  * until then (the simulation runs stalls as nested calls), and a wait
- * whose timeout passes during a stall returns once it has ended. Errors: -EPERM from
- * a simulated runtime's main thread or blocking job or from another thread:
- * only a handler running on a shard can block it; -ENOTSUP when no simulated
- * runtime lives (always outside the weft_sim library). */
+ * whose timeout passes during a stall returns once it has ended. Errors: -EPERM
+ * from a simulated runtime's main thread or blocking job or from another
+ * thread: only a handler running on a shard can block it; -ENOTSUP when no
+ * simulated runtime lives (always outside the weft_sim library). */
 WEFT_API int weft_sim_stall(uint64_t ns);
 
 #endif /* WEFT_SIM_H */
