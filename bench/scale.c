@@ -26,6 +26,12 @@
  *  timer_bytes, the RSS growth per timer at the largest P. Flat cost is the
  *  point: timer_start_flat and timer_cancel_flat are the largest P's figure
  *  over 10^3's.
+ * The timers' floor, in the same run: the same protocol on a bare wheel
+ *  of weft's shape (measure_floor): floor_start_ns_1eK, floor_cancel_ns_1eK
+ *  and their flat ratios, which say how much of the growth any wheel of
+ *  intrusive lists pays on this machine's caches. timer_rearm_flat and
+ *  floor_rearm_flat: the same for a cancel and a start together, what a
+ *  connection's idle timeout costs per request.
  *
  * Peers in the same run, same protocol (their top comments):
  * build/bench/peers/asio_scale (asio::strand<> and io_context::strand at
@@ -270,6 +276,97 @@ static struct timer_figures measure_timers(long max) {
   return f;
 }
 
+/* The floor of a timer's start and cancel: what any wheel of intrusive
+ * lists must touch, with no runtime (no lock, no state, no clock read).
+ * P nodes of a cache line each in one array, as weft's pool lays its
+ * timers out; a wheel of weft's shape (6 levels of 64 slots, 1.024 us
+ * ticks, the level by the highest bit in which a deadline and now differ,
+ * a timer appended to its slot); the same deadlines and windows as
+ * measure_timers. A cancel unlinks a node, writing its two neighbours,
+ * and clears the slot's bit if that empties it; a start appends it. */
+struct flink {
+  struct flink *prev, *next;
+};
+struct fnode {
+  struct flink link;
+  unsigned where;
+} __attribute__((aligned(64)));
+struct fwheel {
+  uint64_t elapsed, occupied[6];
+  long count;
+  struct flink slot[6][64];
+};
+
+static void fw_insert(struct fwheel *w, struct fnode *n, uint64_t deadline) {
+  uint64_t when = (deadline >> 10) + 1;
+  uint64_t masked = (w->elapsed ^ when) | 63;
+  unsigned level = (63 - (unsigned)__builtin_clzll(masked)) / 6;
+  if (level > 5)
+    level = 5;
+  unsigned slot = (unsigned)(when >> (level * 6)) & 63;
+  struct flink *h = &w->slot[level][slot];
+  n->link.prev = h->prev;
+  n->link.next = h;
+  h->prev->next = &n->link;
+  h->prev = &n->link;
+  w->occupied[level] |= (uint64_t)1 << slot;
+  n->where = level * 64 + slot;
+  w->count++;
+}
+
+static void fw_remove(struct fwheel *w, struct fnode *n) {
+  n->link.prev->next = n->link.next;
+  n->link.next->prev = n->link.prev;
+  struct flink *h = &w->slot[n->where / 64][n->where % 64];
+  if (h->next == h)
+    w->occupied[n->where / 64] &= ~((uint64_t)1 << (n->where % 64));
+  w->count--;
+}
+
+static struct timer_figures measure_floor(long max) {
+  struct timer_figures f = {0};
+  uint64_t frng = BENCH_SCALE_SEED;
+  for (int k = 0; k < NSIZES && sizes[k] <= max; k++) {
+    long p = sizes[k], window = p / 2;
+    struct fwheel *w = calloc(1, sizeof(*w));
+    struct fnode *nodes = aligned_alloc(64, (size_t)p * sizeof(*nodes));
+    if (!w || !nodes) {
+      fprintf(stderr, "scale: out of memory for the floor\n");
+      exit(1);
+    }
+    uint64_t now = weft_now_ns();
+    w->elapsed = now >> 10;
+    for (int l = 0; l < 6; l++)
+      for (int sl = 0; sl < 64; sl++)
+        w->slot[l][sl].prev = w->slot[l][sl].next = &w->slot[l][sl];
+    for (long i = 0; i < p; i++)
+      fw_insert(w, &nodes[i], now + bench_scale_deadline_ns(&frng));
+    uint64_t cancel = 0, start = 0;
+    long ops = 0;
+    for (long b = 0; ops < CYCLE_OPS; ops += window) {
+      uint64_t t0 = weft_now_ns();
+      for (long i = 0; i < window; i++)
+        fw_remove(w, &nodes[(b + i) % p]);
+      uint64_t t1 = weft_now_ns();
+      for (long i = 0; i < window; i++)
+        fw_insert(w, &nodes[(b + i) % p], now + bench_scale_deadline_ns(&frng));
+      start += weft_now_ns() - t1;
+      cancel += t1 - t0;
+      b = (b + window) % p;
+    }
+    if (w->count != p) { /* and the work is not optimised away */
+      fprintf(stderr, "scale: the floor's wheel lost timers\n");
+      exit(1);
+    }
+    f.cancel_ns[k] = (double)cancel / (double)ops;
+    f.start_ns[k] = (double)start / (double)ops;
+    f.nsizes = k + 1;
+    free(nodes);
+    free(w);
+  }
+  return f;
+}
+
 /* Runs a peer and returns its last line (malloc'd), or NULL. */
 static char *run_peer(const char *name, long strands_n, long timers_n) {
   char path[4096], sn[32], tn[32];
@@ -326,6 +423,7 @@ int main(int argc, char **argv) {
   }
   struct strand_figures s = measure_strands(nstrands);
   struct timer_figures t = measure_timers(ntimers);
+  struct timer_figures fl = measure_floor(ntimers);
 
   long peer_strands = nstrands < 1000000 ? nstrands : 1000000;
   char *asio = peer ? run_peer("asio_scale", peer_strands, ntimers) : NULL;
@@ -337,8 +435,10 @@ int main(int argc, char **argv) {
   printf("weft: timers: %.1f bytes at %ld pending\n", t.bytes,
          sizes[t.nsizes - 1]);
   for (int k = 0; k < t.nsizes; k++)
-    printf("weft: %ld pending: start %.1f ns, cancel %.1f ns\n", sizes[k],
-           t.start_ns[k], t.cancel_ns[k]);
+    printf("weft: %ld pending: start %.1f ns, cancel %.1f ns (floor %.1f, "
+           "%.1f)\n",
+           sizes[k], t.start_ns[k], t.cancel_ns[k], fl.start_ns[k],
+           fl.cancel_ns[k]);
   if (asio)
     printf("asio: %s\n", asio);
   if (uv)
@@ -354,6 +454,17 @@ int main(int argc, char **argv) {
   int last = t.nsizes - 1;
   printf(",\"timer_start_flat\":%.3f,\"timer_cancel_flat\":%.3f",
          t.start_ns[last] / t.start_ns[0], t.cancel_ns[last] / t.cancel_ns[0]);
+  for (int k = 0; k < fl.nsizes; k++)
+    printf(",\"floor_start_ns_%s\":%.2f,\"floor_cancel_ns_%s\":%.2f",
+           size_names[k], fl.start_ns[k], size_names[k], fl.cancel_ns[k]);
+  printf(",\"floor_start_flat\":%.3f,\"floor_cancel_flat\":%.3f",
+         fl.start_ns[last] / fl.start_ns[0],
+         fl.cancel_ns[last] / fl.cancel_ns[0]);
+  printf(",\"timer_rearm_flat\":%.3f,\"floor_rearm_flat\":%.3f",
+         (t.start_ns[last] + t.cancel_ns[last]) /
+             (t.start_ns[0] + t.cancel_ns[0]),
+         (fl.start_ns[last] + fl.cancel_ns[last]) /
+             (fl.start_ns[0] + fl.cancel_ns[0]));
   if (asio)
     print_prefixed(asio, "asio_");
   if (uv)
