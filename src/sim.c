@@ -96,6 +96,15 @@ struct idmap {
 
 struct stall;
 
+/* What the monitor knows of a thread's handler (monitor.c's per-shard
+ * since, reported, handed), per thread slot: the epoch, when it began,
+ * and whether it was reported and its shard handed on. A handler that
+ * stalls twice is one stall to the monitor, timed from its start. */
+struct seen {
+  uint64_t epoch, since;
+  bool reported, handed;
+};
+
 struct weft__sim {
   uint64_t seed, rng;
   uint64_t steps, handlers, hash, faults;
@@ -106,6 +115,7 @@ struct weft__sim {
   unsigned nstalls;
   uint64_t last_print, suppressed; /* stall lines, one a second (monitor.c) */
   unsigned *can;      /* the shards a step may take (steppable), nshards long */
+  struct seen *seen;  /* per thread slot, th.max long */
   unsigned serial;    /* the simulated host's, in its socket names */
   uint32_t next_port; /* the next ephemeral port */
   struct idmap fns, strands;
@@ -329,7 +339,9 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
   struct weft__sim *m = NULL;
   if (seed && !(m = calloc(1, sizeof(*m))))
     return -ENOMEM;
-  if (m && !(m->can = calloc(rt->nshards, sizeof(*m->can)))) {
+  if (m && (!(m->can = calloc(rt->nshards, sizeof(*m->can))) ||
+            !(m->seen = calloc(rt->th.max, sizeof(*m->seen))))) {
+    free(m->can);
     free(m);
     return -ENOMEM;
   }
@@ -351,8 +363,10 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
   }
   pthread_mutex_unlock(&g_lock);
   if (busy) {
-    if (m)
+    if (m) {
       free(m->can);
+      free(m->seen);
+    }
     free(m);
     weft__log(rt, WEFT_LOG_ERROR,
               "a simulated runtime cannot live beside another runtime in one "
@@ -400,6 +414,7 @@ void weft__sim_detach(weft_rt *rt) {
   free(m->strands.keys);
   free(m->strands.ids);
   free(m->can);
+  free(m->seen);
   free(m);
 }
 
@@ -552,9 +567,8 @@ static void declare_done(weft_rt *rt) {
  * would. */
 struct stall {
   struct weft__thread *t;
-  uint64_t start, until;
+  uint64_t until;
   uint64_t look; /* the monitor's next look at it; UINT64_MAX: none */
-  bool reported, handed;
   struct stall *outer;
 };
 
@@ -655,28 +669,38 @@ static void report(weft_rt *rt, struct weft__sim *m, const weft_stall *st,
   m->suppressed = 0;
 }
 
-/* The monitor looks at a stall (monitor.c, scan): the first look comes
- * between 1 and 1.5 thresholds after its start, as a real one's does. It
- * hands the shard to a spare and reports the stall once; with no spare,
- * it looks again every half threshold, and reports it unhanded once it
- * has run 4 thresholds. */
+/* Whether the monitor watches t's stall: t holds its shard still, in
+ * the handler se describes, not handed on yet. After a handoff t->shard
+ * still names the shard until the handler returns. */
+static bool watched(const struct weft__sim *m, const struct weft__thread *t,
+                    const struct seen *se) {
+  return m->monitor && t->shard && se->epoch == t->epoch && !se->handed &&
+         weft__load(&t->shard->owner, WA_RLX) == t;
+}
+
+/* The monitor looks at a stalled handler (monitor.c, scan): the first
+ * look comes between 1 and 1.5 thresholds after the handler began, as a
+ * real one's does. It hands the shard to a spare and reports the handler
+ * once; with no spare, it looks again every half threshold, and reports
+ * it unhanded once it has run 4 thresholds. */
 static void look_at(weft_rt *rt, struct weft__sim *m, struct stall *st,
                     uint64_t now) {
   struct weft__thread *t = st->t;
   struct weft__shard *sh = t->shard;
+  struct seen *se = &m->seen[t->idx];
   uint64_t ns = rt->mon.stall_ns;
   st->look = UINT64_MAX;
-  if (!sh || st->handed)
+  if (!watched(m, t, se))
     return;
   weft_stall rep = {
       .shard = sh->idx,
       .strand = weft__load(&t->cur_strand, WA_RLX),
       .handler = weft__load(&t->cur_fn, WA_RLX),
-      .running_ns = now - st->start,
+      .running_ns = now - se->since,
   };
   struct weft__thread *sp = spare(rt, m);
-  st->handed = sp && handoff(rt, sh, t, sp);
-  if (st->handed) {
+  se->handed = sp && handoff(rt, sh, t, sp);
+  if (se->handed) {
     weft__stat_add(&sh->st.handoffs, 1);
     event(m, "handoff", t->idx, (int)sh->idx, sp->idx);
   } else {
@@ -684,12 +708,12 @@ static void look_at(weft_rt *rt, struct weft__sim *m, struct stall *st,
     if (rep.running_ns < 4 * ns)
       return;
   }
-  if (st->reported)
+  if (se->reported)
     return;
-  st->reported = true;
+  se->reported = true;
   weft__stat_add(&sh->st.stalls, 1);
   event(m, "reported", t->idx, (int)sh->idx, rep.running_ns);
-  rep.handed_off = st->handed;
+  rep.handed_off = se->handed;
   report(rt, m, &rep, now);
 }
 
@@ -851,16 +875,22 @@ static void run_stalled(weft_rt *rt, struct weft__sim *m, uint64_t until) {
   }
 }
 
+/* The clock never goes past this: ~292 years, "for ever" to a stall,
+ * and far from a wrap of the steps' additions. */
+#define STALL_END_MAX (UINT64_MAX / 2)
+
 /* t, inside a handler, blocks for ns of virtual time. The caller's
  * identity (the thread, its strand) is put back for its handler after. */
 static void stall(weft_rt *rt, struct weft__sim *m, struct weft__thread *t,
                   uint64_t ns) {
   uint64_t now = weft__now_ns(), th = rt->mon.stall_ns;
-  struct stall st = {.t = t, .start = now, .look = UINT64_MAX};
-  st.until = ns < UINT64_MAX - now ? now + ns : UINT64_MAX;
-  st.outer = m->stalls;
-  if (m->monitor && t->shard)
-    st.look = now + th + rnd(m) % (th / 2 + 1);
+  struct seen *se = &m->seen[t->idx];
+  struct stall st = {.t = t, .look = UINT64_MAX, .outer = m->stalls};
+  st.until = ns < STALL_END_MAX - now ? now + ns : STALL_END_MAX;
+  if (watched(m, t, se) && se->reported) /* no spare at the last look */
+    st.look = now + th / 2;
+  else if (watched(m, t, se))
+    st.look = se->since + th + rnd(m) % (th / 2 + 1);
   int shard = t->shard ? (int)t->shard->idx : -1;
   event(m, "stall", t->idx, shard, st.until - now);
   weft_strand *cur = weft_strand_current();
@@ -873,13 +903,14 @@ static void stall(weft_rt *rt, struct weft__sim *m, struct weft__thread *t,
   weft__set_current_strand(cur);
   m->stalls = st.outer;
   m->nstalls--;
-  event(m, "resumes", t->idx, shard, st.handed);
+  event(m, "resumes", t->idx, shard, se->handed);
 }
 
 void weft__sim_handler(struct weft__thread *t, const void *fn,
                        const void *strand) {
   weft_rt *rt = t->rt;
   struct weft__sim *m = rt->sim;
+  m->seen[t->idx] = (struct seen){.epoch = t->epoch, .since = weft__now_ns()};
   weft__sim_note(rt, (int)t->shard->idx, fn, strand);
   /* Up to 3 thresholds: some end before the monitor looks, some after. */
   if (m->nstalls < rt->nshards && weft__sim_fault(rt, WEFT_SIM_FAULT_STALL))

@@ -454,34 +454,57 @@ static int open_check(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
   return 0;
 }
 
+/* Binds fd to addr. In a simulation fd is a Unix datagram socket and
+ * addr a port of the simulated host: fd takes the port's name, a port 0
+ * the next one free (one that an explicit bind holds is passed over),
+ * and *sim_port tells which. */
+static int bind_addr(weft_rt *rt, int fd, const struct sockaddr *addr,
+                     socklen_t alen, uint16_t *sim_port) {
+  *sim_port = 0;
+#ifdef WEFT_SIM
+  if (weft__simulated(rt)) {
+    struct sockaddr_storage in;
+    memset(&in, 0, sizeof(in));
+    memcpy(&in, addr, alen);
+    in_port_t *pp = in.ss_family == AF_INET
+                        ? &((struct sockaddr_in *)&in)->sin_port
+                        : &((struct sockaddr_in6 *)&in)->sin6_port;
+    bool pick = !*pp;
+    for (unsigned tries = 0;; tries++) {
+      struct sockaddr_un un;
+      unsigned unlen;
+      int r = weft__sim_udp_name(rt, &in, &un, &unlen, true);
+      if (r)
+        return r;
+      if (bind(fd, (struct sockaddr *)&un, unlen) == 0) {
+        *sim_port = ntohs(*pp);
+        return 0;
+      }
+      if (errno != EADDRINUSE || !pick || tries == 1024)
+        return -errno;
+      *pp = 0;
+    }
+  }
+#else
+  (void)rt;
+#endif
+  return bind(fd, addr, alen) < 0 ? -errno : 0;
+}
+
 int weft_udp_open(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
                   unsigned addrlen, const weft_udp_opts *o, weft_udp **out) {
   int r = open_check(rt, s, addr, addrlen, o, out);
   if (r)
     return r;
   int family = addr->sa_family;
-  socklen_t alen = (socklen_t)family_len(family);
-#ifdef WEFT_SIM
-  /* A port of the simulated host: a Unix datagram socket bound to its
-   * name (sim.h). */
-  struct sockaddr_storage in;
-  struct sockaddr_un un;
-  if (weft__simulated(rt)) {
-    unsigned unlen;
-    memset(&in, 0, sizeof(in));
-    memcpy(&in, addr, alen);
-    if ((r = weft__sim_udp_name(rt, &in, &un, &unlen, true)))
-      return r;
-    addr = (const struct sockaddr *)&un;
-    alen = unlen;
-  }
-#endif
-  int fd = socket(addr->sa_family,
-                  SOCK_DGRAM | SOCK_CLOEXEC | weft__io_sock_flags(rt), 0);
+  int domain = weft__simulated(rt) ? AF_UNIX : family; /* bind_addr */
+  int fd =
+      socket(domain, SOCK_DGRAM | SOCK_CLOEXEC | weft__io_sock_flags(rt), 0);
   if (fd < 0)
     return -errno;
+  uint16_t sim_port;
   if ((r = socket_setup(fd, o ? o->flags : 0)) ||
-      (bind(fd, addr, alen) < 0 && (r = -errno))) {
+      (r = bind_addr(rt, fd, addr, (socklen_t)family_len(family), &sim_port))) {
     close(fd);
     return r;
   }
@@ -500,10 +523,9 @@ int weft_udp_open(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
   u->s.state = ST_OPEN;
   u->family = family;
 #ifdef WEFT_SIM
-  if (weft__simulated(rt))
-    u->sim_port =
-        ntohs(family == AF_INET ? ((struct sockaddr_in *)&in)->sin_port
-                                : ((struct sockaddr_in6 *)&in)->sin6_port);
+  u->sim_port = sim_port;
+#else
+  (void)sim_port;
 #endif
   u->writable = true;
   u->readable = true; /* a first recvmmsg tells */

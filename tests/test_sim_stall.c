@@ -71,6 +71,17 @@ static void slow_fn(void *arg) {
   s->strand_kept = weft_strand_current() == s->s;
 }
 
+/* Four stalls of 0.9 thresholds, or two of 8, in one handler. */
+static void pieces_fn(void *arg) {
+  struct slow *s = arg;
+  unsigned n = s->ns < TH ? 4 : 2;
+  s->began = weft_now_ns();
+  for (unsigned i = 0; i < n && s->r != -1; i++)
+    s->r = weft_sim_stall(s->ns);
+  s->ended = weft_now_ns();
+  s->strand_kept = weft_strand_current() == s->s;
+}
+
 static void after_fn(void *arg) {
   struct slow *s = arg;
   s->after_at = weft_now_ns();
@@ -164,6 +175,42 @@ static void test_one_stall_handed_off(void **state) {
          seeds);
 }
 
+/* A handler that stalls several times is one stall to the monitor,
+ * timed from the handler's start: four stalls of 0.9 thresholds are
+ * noticed as one of 3.6, two of 8 are reported and handed off once, and
+ * the shutdown then finishes (a second handoff of the same shard would
+ * leave a count behind, and the shutdown would never end). */
+static void test_stalls_in_one_handler(void **state) {
+  (void)state;
+  unsigned seeds = (unsigned)TU_SCALED(50, 10);
+  for (unsigned i = 0; i < 2 * seeds; i++) {
+    struct run r;
+    memset(&r, 0, sizeof(r));
+    weft_config cfg;
+    sim_config(&cfg, 150 + i, 2);
+    cfg.on_stall = on_stall;
+    cfg.on_stall_ctx = &r;
+    assert_int_equal(weft_rt_create(&r.rt, &cfg), 0);
+    struct slow *s = &r.sl[0];
+    s->ns = i < seeds ? TH * 9 / 10 : SLOW;
+    assert_int_equal(weft_strand_create(r.rt, &s->s), 0);
+    assert_int_equal(weft_post(s->s, pieces_fn, s), 0);
+    assert_int_equal(weft_post(s->s, after_fn, s), 0);
+    assert_int_equal(weft_rt_shutdown(r.rt, 0), 0);
+    assert_int_equal(s->r, 0);
+    assert_true(s->after_at >= s->ended);
+    assert_int_equal(r.stalls, 1);
+    assert_int_equal(r.handed, 1);
+    assert_true(r.seen[0].running_ns >= TH);
+    weft_stats st;
+    assert_int_equal(weft_rt_stats(r.rt, &st), 0);
+    assert_int_equal(st.total.stalls, 1);
+    assert_int_equal(st.total.handoffs, 1);
+    weft_strand_release(s->s);
+    assert_int_equal(weft_rt_destroy(r.rt), 0);
+  }
+}
+
 /* Every worker stuck at once: both shards go to spares and the tickers
  * keep their pace. Without spares (max_threads = workers) both stalls are
  * reported unhanded, once they have run 4 thresholds, and their strands'
@@ -240,8 +287,8 @@ static void test_replay(void **state) {
 }
 
 /* Drawn stalls (WEFT_SIM_FAULT_STALL), nested and overlapping: every
- * ticker fires on, every stall long enough is reported, and each run
- * ends cleanly. */
+ * ticker fires on, the reports and the counts agree, some shards are
+ * handed on, and each run ends cleanly. */
 static void test_drawn_stalls(void **state) {
   (void)state;
   struct run r;
@@ -316,6 +363,7 @@ int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_stall_handed_off),
+      cmocka_unit_test(test_stalls_in_one_handler),
       cmocka_unit_test(test_every_worker_stuck),
       cmocka_unit_test(test_unnoticed),
       cmocka_unit_test(test_replay),

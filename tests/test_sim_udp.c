@@ -288,6 +288,16 @@ static void test_losses(void **state) {
          " resends\n",
          n, injected, resends);
   assert_true(resends > 0);
+  /* Drops alone, so that the resends are theirs (a stall longer than
+   * RETRY resends too). */
+  resends = injected = 0;
+  for (unsigned i = 0; i < n / 4; i++) {
+    run(5000 + i, WEFT_SIM_FAULT_DROP, AF_INET, &a, &ra);
+    resends += ra;
+    injected += a.faults;
+  }
+  assert_true(injected > 0);
+  assert_true(resends >= injected / 2);
 }
 
 static int g_status[2] = {1, 1};
@@ -311,9 +321,17 @@ static void nobody_fn(void *arg) {
            -ENOTSUP);
 }
 
+static unsigned g_picked;
+static void picked_port(void *arg) {
+  struct sockaddr_storage ss;
+  unsigned len = sizeof(ss);
+  TU_CHECK(weft_udp_local_addr(arg, (struct sockaddr *)&ss, &len) == 0);
+  g_picked = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
 /* A datagram to a port nobody holds is lost, as UDP's is; a connected
- * socket hears of the refusal. A port is held once; there are no
- * multicast groups on one simulated host. */
+ * socket hears of the refusal. A port is held once, and a port 0 picks
+ * one nobody holds; there are no multicast groups on one simulated host. */
 static void test_nobody_there(void **state) {
   (void)state;
   weft_config cfg;
@@ -323,18 +341,27 @@ static void test_nobody_there(void **state) {
   assert_int_equal(weft_rt_create(&rt, &cfg), 0);
   struct sockaddr_storage ss;
   socklen_t len = any_addr(AF_INET, 4000, &ss);
-  weft_udp *u, *dup;
+  weft_udp *u, *dup, *first, *picked;
   assert_int_equal(
       weft_udp_open(rt, NULL, (struct sockaddr *)&ss, len, NULL, &u), 0);
   assert_int_equal(
       weft_udp_open(rt, NULL, (struct sockaddr *)&ss, len, NULL, &dup),
       -EADDRINUSE);
+  /* A port 0 passes over the first ephemeral port, held explicitly. */
+  len = any_addr(AF_INET, 32768, &ss);
+  assert_int_equal(
+      weft_udp_open(rt, NULL, (struct sockaddr *)&ss, len, NULL, &first), 0);
+  len = any_addr(AF_INET, 0, &ss);
+  assert_int_equal(
+      weft_udp_open(rt, NULL, (struct sockaddr *)&ss, len, NULL, &picked), 0);
+  assert_int_equal(weft_post(weft_udp_strand(picked), picked_port, picked), 0);
   assert_int_equal(weft_post(weft_udp_strand(u), nobody_fn, u), 0);
   assert_int_equal(weft_rt_wait(rt, RETRY), -ETIMEDOUT);
   assert_int_equal(weft_rt_shutdown(rt, 0), 0);
   TU_ASSERT_NO_ASYNC_ERRORS();
   assert_int_equal(g_status[0], 0);
   assert_int_equal(g_status[1], -ECONNREFUSED);
+  assert_int_equal(g_picked, 32769);
   assert_int_equal(weft_rt_destroy(rt), 0);
 }
 

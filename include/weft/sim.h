@@ -46,12 +46,17 @@
  * connections' addresses read as the loopback address of their family
  * with their ports, and TCP options succeed. UDP sockets are ports of
  * the same host (a port space of their own), each a Unix datagram socket
- * underneath: addresses read as UDP ones, datagrams between two sockets
- * arrive in the order sent, and one is lost where UDP could lose it: to
- * a port nobody holds (a connected socket's send then fails with
- * -ECONNREFUSED), or beyond the 10 a socket holds unread
- * (net.unix.max_dgram_qlen); there are no multicast groups
- * (weft_udp_membership: -ENOTSUP). Each shard takes in what its sockets
+ * underneath: addresses read as UDP ones, a port 0 gets a port nobody
+ * holds, datagrams between two sockets arrive in the order sent, and one
+ * is lost where UDP could lose it: to a port nobody holds (a connected
+ * socket's send then fails with -ECONNREFUSED), or when the receiver
+ * holds too many unread (11 by the kernel's default,
+ * net.unix.max_dgram_qlen, fewer of large ones, since unread datagrams
+ * count against the sender's buffer, net.core.wmem_default: runs that
+ * fill a socket replay on hosts with the same settings). A connected
+ * socket receives from its peer only, datagrams that waited from others
+ * included. There are no multicast groups (weft_udp_membership:
+ * -ENOTSUP). Each shard takes in what its sockets
  * have ready when nothing else is queued, and a drawn order is given to
  * the events of each wait. The seed also injects faults where asked
  * (weft_config.sim_faults, WEFT_SIM_FAULT_*).
@@ -128,19 +133,21 @@ static inline int weft_rt_sim_info(weft_rt *rt, weft_sim_info *out) {
 /* Blocks the calling handler for ns nanoseconds of virtual time, as a
  * blocking call would (a sleep, a slow disk, a lock held elsewhere):
  * the thread stays inside the handler, so its strand waits, while every
- * other strand, timer and socket runs on. Past the stall threshold the
- * monitor reports the stall (weft_config.on_stall, or the log) and hands
- * the shard to a spare thread, and the shard's other work goes on there;
- * a handler whose shard was handed on finishes outside the runtime, as
- * on a real one. For a test that the rest of a program keeps its pace
- * while one handler is slow; on a real runtime, sleep instead. 0 once the
- * span has passed (at once for 0), or later, as a sleep may return: a
- * stall that began during this one's and ends after it holds this one
- * until then (the simulation runs stalls as nested calls), and a wait
- * whose timeout passes during a stall returns once it has ended. Errors: -EPERM
- * from a simulated runtime's main thread or blocking job or from another
- * thread: only a handler running on a shard can block it; -ENOTSUP when no
- * simulated runtime lives (always outside the weft_sim library). */
+ * other strand, timer and socket runs on. Once the handler has run past
+ * the stall threshold (counted from its start: several stalls in one
+ * handler add up), the monitor reports it once (weft_config.on_stall, or
+ * the log) and hands the shard to a spare thread, and the shard's other
+ * work goes on there; a handler whose shard was handed on finishes
+ * outside the runtime, as on a real one. For a test that the rest of a
+ * program keeps its pace while one handler is slow; on a real runtime,
+ * sleep instead. 0 once the span has passed (at once for 0), or later,
+ * as a sleep may return: a stall that began during this one's and ends
+ * after it holds this one until then (the simulation runs stalls as
+ * nested calls), and a wait whose timeout passes during a stall returns
+ * once it has ended. Errors: -EPERM from a simulated runtime's main
+ * thread or blocking job or from another thread: only a handler running
+ * on a shard can block; -ENOTSUP when no simulated runtime lives (always
+ * outside the weft_sim library). */
 WEFT_API int weft_sim_stall(uint64_t ns);
 
 #endif /* WEFT_SIM_H */
