@@ -454,7 +454,22 @@ static uint16_t next_port(struct weft__sim *m) {
   return (uint16_t)p;
 }
 
-/* The name of in's port, of kind; pick: a port 0 takes the next one. */
+/* Whether no socket of type holds name un: a probe binds it and lets it
+ * go (an abstract name is free again at the close). Of the same type:
+ * the kernel keeps each type's abstract names apart. Unsure: free, and
+ * the caller's bind will tell. */
+static bool name_free(const struct sockaddr_un *un, unsigned len, int type) {
+  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return true;
+  bool ok =
+      bind(fd, (const struct sockaddr *)un, len) == 0 || errno != EADDRINUSE;
+  close(fd);
+  return ok;
+}
+
+/* The name of in's port, of kind; pick: a port 0 takes the next one that
+ * nobody holds, as a kernel's pick passes over ports bound explicitly. */
 static int port_name(weft_rt *rt, struct sockaddr_storage *in, char kind,
                      bool pick, struct sockaddr_un *un, unsigned *unlen) {
   in_port_t *pp;
@@ -464,10 +479,19 @@ static int port_name(weft_rt *rt, struct sockaddr_storage *in, char kind,
     pp = &((struct sockaddr_in6 *)in)->sin6_port;
   else
     return -ENOTSUP;
-  if (pick && !*pp)
-    *pp = htons(next_port(rt->sim));
-  *unlen = name_of(rt->sim, kind, ntohs(*pp), un);
-  return 0;
+  if (!pick || *pp) {
+    *unlen = name_of(rt->sim, kind, ntohs(*pp), un);
+    return 0;
+  }
+  for (unsigned tries = 0; tries < 65536 - FIRST_PORT; tries++) {
+    uint16_t port = next_port(rt->sim);
+    *unlen = name_of(rt->sim, kind, port, un);
+    if (name_free(un, *unlen, kind == 'u' ? SOCK_DGRAM : SOCK_STREAM)) {
+      *pp = htons(port);
+      return 0;
+    }
+  }
+  return -EADDRINUSE; /* every ephemeral port is held */
 }
 
 int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,

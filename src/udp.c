@@ -455,35 +455,27 @@ static int open_check(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
 }
 
 /* Binds fd to addr. In a simulation fd is a Unix datagram socket and
- * addr a port of the simulated host: fd takes the port's name, a port 0
- * the next one free (one that an explicit bind holds is passed over),
- * and *sim_port tells which. */
+ * addr a port of the simulated host: fd takes the port's name (a port 0
+ * the next one nobody holds), and *sim_port tells which. */
 static int bind_addr(weft_rt *rt, int fd, const struct sockaddr *addr,
                      socklen_t alen, uint16_t *sim_port) {
   *sim_port = 0;
 #ifdef WEFT_SIM
   if (weft__simulated(rt)) {
     struct sockaddr_storage in;
+    struct sockaddr_un un;
+    unsigned unlen;
     memset(&in, 0, sizeof(in));
     memcpy(&in, addr, alen);
-    in_port_t *pp = in.ss_family == AF_INET
-                        ? &((struct sockaddr_in *)&in)->sin_port
-                        : &((struct sockaddr_in6 *)&in)->sin6_port;
-    bool pick = !*pp;
-    for (unsigned tries = 0;; tries++) {
-      struct sockaddr_un un;
-      unsigned unlen;
-      int r = weft__sim_udp_name(rt, &in, &un, &unlen, true);
-      if (r)
-        return r;
-      if (bind(fd, (struct sockaddr *)&un, unlen) == 0) {
-        *sim_port = ntohs(*pp);
-        return 0;
-      }
-      if (errno != EADDRINUSE || !pick || tries == 1024)
-        return -errno;
-      *pp = 0;
-    }
+    int r = weft__sim_udp_name(rt, &in, &un, &unlen, true);
+    if (r)
+      return r;
+    if (bind(fd, (struct sockaddr *)&un, unlen) < 0)
+      return -errno;
+    *sim_port = ntohs(in.ss_family == AF_INET
+                          ? ((struct sockaddr_in *)&in)->sin_port
+                          : ((struct sockaddr_in6 *)&in)->sin6_port);
+    return 0;
   }
 #else
   (void)rt;

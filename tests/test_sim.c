@@ -588,8 +588,8 @@ static void test_unix_sockets(void **state) {
 
 /* TCP addresses in a simulation: 127.0.0.1 and a port the simulated host
  * picks, addresses that read as TCP ones on both ends, options that
- * apply; the same run for a seed, and the faults' invariants. UDP has a
- * test of its own (test_sim_udp). */
+ * apply; the same run for a seed, and the faults' invariants; a port 0
+ * that passes over a port held. UDP has a test of its own (test_sim_udp). */
 static void test_tcp_sockets(void **state) {
   (void)state;
   g_net_family = AF_INET;
@@ -606,6 +606,27 @@ static void test_tcp_sockets(void **state) {
   printf("# TCP: %u seeds, and %u with faults (%u whole)\n", nseeds, nseeds,
          whole);
   g_net_family = AF_UNIX;
+  /* A port 0 passes over the first ephemeral port, held explicitly. */
+  weft_rt *rt;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.sim_seed = 9;
+  assert_int_equal(weft_rt_create(&rt, &cfg), 0);
+  struct sockaddr_in in = {.sin_family = AF_INET,
+                           .sin_port = htons(32768),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  weft_listener *held, *picked;
+  assert_int_equal(weft_tcp_listen(rt, (struct sockaddr *)&in, sizeof(in), NULL,
+                                   echo_accept, NULL, &held),
+                   0);
+  in.sin_port = 0;
+  assert_int_equal(weft_tcp_listen(rt, (struct sockaddr *)&in, sizeof(in), NULL,
+                                   echo_accept, NULL, &picked),
+                   0);
+  unsigned len = sizeof(in);
+  assert_int_equal(weft_listener_addr(picked, (struct sockaddr *)&in, &len), 0);
+  assert_int_equal(ntohs(in.sin_port), 32769);
+  assert_int_equal(weft_rt_destroy(rt), 0);
 }
 
 /* The same with faults: refused connects, broken connections,
