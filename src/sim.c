@@ -911,10 +911,9 @@ static void stall(weft_rt *rt, struct weft__sim *m, struct weft__thread *t,
   struct seen *se = &m->seen[t->idx];
   struct stall st = {.t = t, .look = UINT64_MAX, .outer = m->stalls};
   st.until = ns < STALL_END_MAX - now ? now + ns : STALL_END_MAX;
-  if (watched(m, t, se) && se->reported) /* no spare at the last look */
-    st.look = now + th / 2;
-  else if (watched(m, t, se))
-    st.look = se->since + th + rnd(m) % (th / 2 + 1);
+  if (watched(m, t, se)) /* reported: no spare at the last look */
+    st.look =
+        se->reported ? now + th / 2 : se->since + th + rnd(m) % (th / 2 + 1);
   int shard = t->shard ? (int)t->shard->idx : -1;
   event(m, "stall", t->idx, shard, st.until - now);
   weft_strand *cur = weft_strand_current();
