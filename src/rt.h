@@ -92,6 +92,7 @@ struct weft_rt {
     struct weft__pool udp_pool;      /* UDP sockets (udp.c) */
     struct weft__pool proc_pool;     /* child processes (process.c) */
     struct weft__pool send_pool;     /* uring: sends in the kernel */
+    struct weft__pool wstate_pool;   /* connections' writes (tcp_send.c) */
     _Atomic uint64_t live;           /* sockets not yet freed */
     _Atomic uint32_t rr;             /* home shard of sockets made outside */
     _Atomic uint32_t no_poll_first;  /* the kernel refused POLL_FIRST */

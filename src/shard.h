@@ -56,7 +56,7 @@ struct weft__shard {
   uint32_t rng;       /* steal victims */
   uint32_t home_next; /* weft__home_pick: the home of the next object */
   struct {
-    struct weft__pool_cache node, strand, timer, conn, send;
+    struct weft__pool_cache node, strand, timer, conn, send, wstate;
   } cache;
   /* firing a batch of timers, whose pushes notify parked threads once
    * after the timer lock is released instead of once each (timer.c), or

@@ -2,7 +2,8 @@
  * tcp.c - TCP connections (tcp.h): creation, the strand handler's state
  * machine, connect with a timeout, half-close, close, and the public
  * calls. Owns struct weft__conn but its receive state (tcp_recv.c) and
- * its write queue (tcp_send.c), and the connection and send pools.
+ * its writes (tcp_send.c), and the connection, send and write-state
+ * pools.
  *
  * A connection needs no lock: operations are started on its strand and
  * completions delivered to it. With io_uring, at most one receive and one
@@ -34,23 +35,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* An idle connection's memory is mostly this (tcp.h); a simulation's
- * (sim.h) has a line more for the ports of its TCP addresses. */
-#ifdef WEFT_SIM
-#define CONN_LINES 10
-#else
-#define CONN_LINES 9
-#endif
-_Static_assert(sizeof(struct weft__conn) <= CONN_LINES * WEFT_CACHELINE,
-               "a connection is CONN_LINES cache lines at most");
+/* An idle connection's memory is mostly this (tcp.h), a simulation's
+ * (sim.h) too: the ports of its TCP addresses fill holes. */
+_Static_assert(sizeof(struct weft__conn) <= 6 * WEFT_CACHELINE,
+               "a connection is six cache lines at most");
 
 #define READ_MAX ((size_t)1 << 30)
-#define DEFAULT_LOW ((size_t)64 << 10)
-#define DEFAULT_HIGH ((size_t)1 << 20)
 
 /* close_req (tcp.h) */
 #define CLOSE_USER 1u
 #define CLOSE_SELF 2u
+#define CLOSE_ABORT 4u /* with CLOSE_USER */
 
 static void conn_run(struct weft__sock *sk, uint32_t bits);
 
@@ -87,10 +82,7 @@ static int conn_new(struct weft__conn **out, weft_rt *rt, int fd,
   int r = weft__sock_new(&s, rt, SK_CONN, fd, strand, conn_run, conn_done);
   if (r)
     return r;
-  struct weft__conn *c = (struct weft__conn *)s;
-  c->low = DEFAULT_LOW;
-  c->high = DEFAULT_HIGH;
-  *out = c;
+  *out = (struct weft__conn *)s;
   return 0;
 }
 
@@ -211,7 +203,7 @@ static void close_begin(struct weft__conn *c) {
   if (c->s.state >= ST_CLOSING)
     return;
   c->s.state = ST_CLOSING;
-  if (c->user_closed && c->abortive) {
+  if (c->user_closed && weft__load(&c->close_req, WA_RLX) & CLOSE_ABORT) {
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     setsockopt(c->s.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
   }
@@ -266,6 +258,7 @@ static void post_close(struct weft__conn *c) {
   weft__tmo_free(c);
   weft__until_free(c);
   weft__fdq_free(c);
+  weft__send_release(c);
   c->close_posted = true;
   weft_rt *rt = c->s.rt;
   struct weft__shard *sh = weft__local_begin(rt);
@@ -484,13 +477,13 @@ int weft_tcp_close(weft_tcp *tcp, int abortive) {
       return r; /* shutting down: the shutdown closes c */
   }
   uint32_t none = 0;
-  if (!weft__cas(&c->close_req, &none, CLOSE_USER, WA_RLX, WA_RLX)) {
+  if (!weft__cas(&c->close_req, &none,
+                 CLOSE_USER | (abortive ? CLOSE_ABORT : 0), WA_RLX, WA_RLX)) {
     if (foreign)
       weft__busy_drop(rt, 1);
     return -EALREADY;
   }
-  c->abortive = abortive != 0;
-  weft__sock_notify(&c->s, EV_CLOSE); /* release: abortive goes too */
+  weft__sock_notify(&c->s, EV_CLOSE); /* release: close_req goes too */
   if (foreign)
     weft__busy_drop(rt, 1);
   return 0;
@@ -651,9 +644,11 @@ int weft__tcp_adopt(weft_rt *rt, weft_strand *s, int fd, weft_tcp **out) {
 void weft__tcp_init(weft_rt *rt) {
   weft__pool_init(&rt->net.conn_pool, sizeof(struct weft__conn));
   weft__pool_init(&rt->net.send_pool, sizeof(struct weft__sendbuf));
+  weft__pool_init(&rt->net.wstate_pool, sizeof(struct weft__wstate));
 }
 
 void weft__tcp_destroy(weft_rt *rt) {
   weft__pool_destroy(&rt->net.conn_pool);
   weft__pool_destroy(&rt->net.send_pool);
+  weft__pool_destroy(&rt->net.wstate_pool);
 }

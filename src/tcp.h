@@ -59,6 +59,26 @@ struct weft__sendbuf {
   struct iovec iov[WEFT_SEND_IOV];
 };
 
+/* A connection's writes while it has any: taken from the runtime's pool
+ * when a write is queued and none is held, given back once the queue,
+ * the completed writes and the send in the kernel are all gone
+ * (tcp_send.c), so an idle connection holds none of it. */
+struct weft__wstate {
+  /* the queue, then the completed writes whose callbacks are due */
+  struct weft__wreq *wq_head, *wq_tail, *done_head, *done_tail;
+  struct weft__sendbuf *sb; /* uring: the send in the kernel, if any */
+  bool inl_busy;
+  struct weft__wreq inl; /* one write needs no allocation of its own */
+};
+
+/* weft_tcp_set_watermarks's settings, held only by a connection that made
+ * that call (tcp_send.c); the others have the defaults. */
+struct weft__wmark {
+  size_t low, high;
+  weft_drain_fn fn;
+  void *arg;
+};
+
 /* weft_tcp_connect's request, until the connect callback. */
 struct weft__connect {
   weft_connect_fn fn;
@@ -71,36 +91,42 @@ struct weft__connect {
 };
 
 /* Every connection, idle ones included, holds one of these, carved in
- * whole cache lines (pool.c): it is kept to nine (tcp.c asserts it). */
+ * whole cache lines (pool.c): it is kept to six (tcp.c asserts it). What
+ * only some connections use, for a while or at all, is held elsewhere
+ * while in use: the writes' state, the watermarks, timeouts, read-until,
+ * the connect's request, descriptor passing. */
 struct weft__conn {
   struct weft__sock s;
-  bool user_closed, abortive; /* EV_CLOSE seen; weft_tcp_close's argument */
-  bool readable, writable;    /* epoll: edge seen, EAGAIN not yet */
-  bool hup;                   /* epoll: EOF or error queued: reads never wait */
+  /* Flags, in bits: all are read and written on the strand alone (what
+   * weft_tcp_close, from any thread, says is in close_req). */
+  bool user_closed : 1;            /* EV_CLOSE seen */
+  bool readable : 1, writable : 1; /* epoll: edge seen, EAGAIN not yet */
+  bool hup : 1; /* epoll: EOF or error queued: reads never wait */
   /* rd_inflight: a one-shot receive, or the connect, is in the kernel */
   /* wr_inflight: a send, or (wr_poll) a poll for room, is in the kernel */
-  bool reading, rd_inflight, wr_inflight, shut_req, shut_sent, drain_wanted;
-  bool wr_poll;
-#ifdef WEFT_SIM
-  /* A TCP connection of a simulation, a Unix socket underneath (sim.h):
-   * the family and the ports its addresses read; sim_family 0 for a real
-   * Unix connection. */
-  uint8_t sim_family;
-  uint16_t sim_lport, sim_pport;
-#endif
-  bool nonblock;     /* uring: made O_NONBLOCK for sendfile (tcp_send.c) */
-  bool rd_short;     /* uring: the last receive drained the socket */
-  bool rd_pollfirst; /* uring: the receive in flight waits for data first */
+  bool reading : 1, rd_inflight : 1, wr_inflight : 1, wr_poll : 1;
+  bool shut_req : 1, shut_sent : 1, drain_wanted : 1;
+  bool nonblock : 1;     /* uring: made O_NONBLOCK for sendfile (tcp_send.c) */
+  bool rd_short : 1;     /* uring: the last receive drained the socket */
+  bool rd_pollfirst : 1; /* uring: the receive in flight waits for data first */
   /* uring's multishot receive (tcp_recv.c): rd_multi while one is in the
    * kernel; rq: buffers taken from rin, unread; rd_term: end of file or
    * error to deliver once rq is read (rd_term_set) */
-  bool rd_multi, rd_nobufs, rd_term_set, in_pump;
-  bool wr_inline_busy;
-  bool read_made;     /* a read was made (weft_tcp_set_fd_limit) */
-  bool close_posted;  /* the close callback is queued (tcp.c, post_close) */
+  bool rd_multi : 1, rd_nobufs : 1, rd_term_set : 1, in_pump : 1;
+  bool read_made : 1;    /* a read was made (weft_tcp_set_fd_limit) */
+  bool close_posted : 1; /* the close callback is queued (tcp.c, post_close) */
+#ifdef WEFT_SIM
+  /* A TCP connection of a simulation, a Unix socket underneath (sim.h):
+   * the family and the ports its addresses read; sim_family 0 for a real
+   * Unix connection. Here and below they fill holes. */
+  uint8_t sim_family;
+#endif
   int err;            /* sticky write error, 0 if none */
   int32_t rres, wres; /* uring: results of the ops in the kernel */
   int32_t mres;       /* the multishot's end, written by the reaper */
+#ifdef WEFT_SIM
+  uint16_t sim_lport, sim_pport;
+#endif
   /* read */
   void *rbuf;
   size_t rlen;
@@ -114,18 +140,17 @@ struct weft__conn {
   int32_t rd_term; /* here, not with the flags: it fills a hole */
   _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
   struct weft__io *m_io; /* the ring it went to (strand only) */
-  /* writes: queue, completed ones (callbacks due), backpressure */
-  struct weft__wreq *wq_head, *wq_tail, *done_head, *done_tail;
-  struct weft__wreq wr_inline;
-  size_t queued, low, high;
-  weft_drain_fn dfn;
-  void *darg;
-  struct weft__sendbuf *sb; /* uring: the send in the kernel, if any */
-  /* close: close_req goes 0 -> CLOSE_USER (weft_tcp_close, any thread,
-   * which then signals EV_CLOSE) or 0 -> CLOSE_SELF (on the strand: a
-   * shutdown, a failed connect), once. The close callback comes when the
-   * descriptor is closed and, for CLOSE_USER, EV_CLOSE was seen: after
-   * that nothing may signal c, since its memory is then reused. */
+  /* writes: their state while any is held, the bytes queued, the
+   * watermarks if set */
+  struct weft__wstate *ws;
+  size_t queued;
+  struct weft__wmark *wm;
+  /* close: close_req goes 0 -> CLOSE_USER, with CLOSE_ABORT for an
+   * abortive close (weft_tcp_close, any thread, which then signals
+   * EV_CLOSE) or 0 -> CLOSE_SELF (on the strand: a shutdown, a failed
+   * connect), once. The close callback comes when the descriptor is
+   * closed and, for CLOSE_USER, EV_CLOSE was seen: after that nothing may
+   * signal c, since its memory is then reused. */
   _Atomic uint32_t close_req;
   weft_close_fn clfn; /* weft_tcp_set_data */
   void *data;

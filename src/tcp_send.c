@@ -1,7 +1,13 @@
 /*
- * tcp_send.c - a connection's writes (tcp_send.h). Owns the write queue
- * (struct weft__wreq: tcp.h, since a connection embeds one) and the
- * runtime's send buffers in use.
+ * tcp_send.c - a connection's writes (tcp_send.h). Owns the write state
+ * (struct weft__wstate and the write requests in it: tcp.h), the
+ * watermarks' settings (struct weft__wmark) and the runtime's send
+ * buffers in use.
+ *
+ * A connection holds its write state (struct weft__wstate: the queue,
+ * the completed writes, the send buffer) only while it has writes: from
+ * the first write queued until all have completed and their callbacks
+ * run (ws_put), so an idle connection holds none.
  *
  * Writes leave in the order they were queued. With io_uring one send is
  * in the kernel at a time (its iovecs gathered into a pooled send buffer
@@ -25,6 +31,7 @@
 #include "unix.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -39,75 +46,126 @@
  * holding the shard and every strand on it. */
 #define SEND_BUDGET ((size_t)1 << 20)
 
+/* The watermarks of a connection without weft_tcp_set_watermarks. */
+static const struct weft__wmark wm_default = {.low = (size_t)64 << 10,
+                                              .high = (size_t)1 << 20};
+
+static const struct weft__wmark *wm_of(const struct weft__conn *c) {
+  return c->wm ? c->wm : &wm_default;
+}
+
+/* ---- the write state ---------------------------------------------------- */
+
+/* c's write state, taken from the pool if c holds none; NULL without
+ * memory. */
+static struct weft__wstate *ws_get(struct weft__conn *c) {
+  if (c->ws)
+    return c->ws;
+  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  struct weft__wstate *ws = weft__pool_alloc(&c->s.rt->net.wstate_pool,
+                                             sh ? &sh->cache.wstate : NULL);
+  weft__local_end(sh);
+  if (ws)
+    memset(ws, 0, offsetof(struct weft__wstate, inl));
+  return c->ws = ws;
+}
+
+/* Gives c's write state back once nothing in it is in use: no write
+ * queued or due its callback, no send in the kernel (whose completion
+ * reads sb). */
+static void ws_put(struct weft__conn *c) {
+  struct weft__wstate *ws = c->ws;
+  if (!ws || ws->wq_head || ws->done_head || ws->sb || c->wr_inflight)
+    return;
+  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  weft__pool_free(&c->s.rt->net.wstate_pool, sh ? &sh->cache.wstate : NULL, ws);
+  weft__local_end(sh);
+  c->ws = NULL;
+}
+
+bool weft__send_queued(const struct weft__conn *c) {
+  return c->ws && c->ws->wq_head;
+}
+
 /* ---- write completions ------------------------------------------------- */
 
-static void wreq_release(struct weft__conn *c, struct weft__wreq *w) {
+static void wreq_release(struct weft__wstate *ws, struct weft__wreq *w) {
   if (w->iov != w->inl)
     free(w->iov);
   free(w->ctl);
-  if (w == &c->wr_inline)
-    c->wr_inline_busy = false;
+  if (w == &ws->inl)
+    ws->inl_busy = false;
   else
     free(w);
 }
 
-static void wreq_done(struct weft__conn *c, struct weft__wreq *w, int status) {
+static void wreq_done(struct weft__wstate *ws, struct weft__wreq *w,
+                      int status) {
   if (!w->fn) {
-    wreq_release(c, w); /* nobody to tell: no callback to order */
+    wreq_release(ws, w); /* nobody to tell: no callback to order */
     return;
   }
   w->status = status;
   w->next = NULL;
-  if (c->done_tail)
-    c->done_tail->next = w;
+  if (ws->done_tail)
+    ws->done_tail->next = w;
   else
-    c->done_head = w;
-  c->done_tail = w;
+    ws->done_head = w;
+  ws->done_tail = w;
 }
 
 /* Calls the due write callbacks, then the drain callback; only from the
  * strand handler (never inside a weft_tcp_* call). */
 void weft__send_flush(struct weft__conn *c) {
-  while (c->done_head) {
-    struct weft__wreq *w = c->done_head;
-    c->done_head = w->next;
-    if (!c->done_head)
-      c->done_tail = NULL;
+  /* c->ws read again after each callback: a write it makes may take one
+   * when none is held, and give it back at once */
+  while (c->ws && c->ws->done_head) {
+    struct weft__wstate *ws = c->ws;
+    struct weft__wreq *w = ws->done_head;
+    ws->done_head = w->next;
+    if (!ws->done_head)
+      ws->done_tail = NULL;
     weft_write_fn fn = w->fn;
     void *arg = w->arg;
     int status = w->status;
-    wreq_release(c, w);
+    wreq_release(ws, w);
     weft__calling((void *)fn);
     fn(arg, (weft_tcp *)c, status);
   }
-  if (c->drain_wanted && c->queued <= c->low && c->s.state == ST_OPEN) {
+  ws_put(c);
+  const struct weft__wmark *wm = wm_of(c);
+  if (c->drain_wanted && c->queued <= wm->low && c->s.state == ST_OPEN) {
     c->drain_wanted = false;
-    if (c->dfn) {
-      weft__calling((void *)c->dfn);
-      c->dfn(c->darg, (weft_tcp *)c);
+    if (wm->fn) {
+      weft__calling((void *)wm->fn);
+      wm->fn(wm->arg, (weft_tcp *)c);
     }
   }
 }
 
 /* Every queued write fails with status (close, error). */
 void weft__send_fail(struct weft__conn *c, int status) {
-  while (c->wq_head) {
-    struct weft__wreq *w = c->wq_head;
-    c->wq_head = w->next;
-    wreq_done(c, w, status);
-  }
-  c->wq_tail = NULL;
+  struct weft__wstate *ws = c->ws;
   c->queued = 0;
+  if (!ws)
+    return;
+  while (ws->wq_head) {
+    struct weft__wreq *w = ws->wq_head;
+    ws->wq_head = w->next;
+    wreq_done(ws, w, status);
+  }
+  ws->wq_tail = NULL;
 }
 
 /* n bytes of the queue were sent: complete the writes now fully sent
  * (zero-length ones at the head included). */
 static void advance(struct weft__conn *c, size_t n) {
+  struct weft__wstate *ws = c->ws;
   if (n && c->tmo)
     weft__tmo_progress(c, true);
   c->queued -= n;
-  while (c->wq_head) {
-    struct weft__wreq *w = c->wq_head;
+  while (ws->wq_head) {
+    struct weft__wreq *w = ws->wq_head;
     if (n && w->ctl)
       w->ctl_sent = true; /* its descriptors went with its first byte */
     while (n && w->iovpos < w->iovcnt) {
@@ -124,10 +182,10 @@ static void advance(struct weft__conn *c, size_t n) {
       w->iovpos++;
     if (w->left)
       break;
-    c->wq_head = w->next;
-    if (!c->wq_head)
-      c->wq_tail = NULL;
-    wreq_done(c, w, 0);
+    ws->wq_head = w->next;
+    if (!ws->wq_head)
+      ws->wq_tail = NULL;
+    wreq_done(ws, w, 0);
   }
 }
 
@@ -140,7 +198,7 @@ static int gather(struct weft__conn *c, struct weft__sendbuf *sb, size_t max) {
   size_t bytes = 0;
   void *ctl = NULL;
   size_t ctllen = 0;
-  struct weft__wreq *w = c->wq_head;
+  struct weft__wreq *w = c->ws->wq_head;
   for (; w && w->file_fd < 0 && k < WEFT_SEND_IOV && bytes < max; w = w->next) {
     if (w->ctl && !w->ctl_sent) {
       if (k)
@@ -194,7 +252,7 @@ static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
  * after a file send cut short for the file's bytes. A file that ends
  * before len bytes is -ENODATA. */
 static size_t send_file(struct weft__conn *c, size_t max) {
-  struct weft__wreq *w = c->wq_head;
+  struct weft__wreq *w = c->ws->wq_head;
   ssize_t n = sendfile(c->s.fd, w->file_fd, &w->file_off,
                        w->left < max ? w->left : max);
   if (n > 0) {
@@ -219,12 +277,13 @@ static size_t send_file(struct weft__conn *c, size_t max) {
 static void send_now(struct weft__conn *c) {
   struct weft__sendbuf sb;
   size_t budget = SEND_BUDGET;
-  while (c->wq_head && c->writable) {
+  while (weft__send_queued(c) && c->writable) {
     if (!budget) {
       weft__sock_yield(&c->s);
       return;
     }
-    if (c->wq_head->file_fd >= 0 && c->wq_head->left) {
+    struct weft__wreq *head = c->ws->wq_head;
+    if (head->file_fd >= 0 && head->left) {
       budget -= send_file(c, budget);
       continue;
     }
@@ -250,9 +309,10 @@ static struct weft__sendbuf *sendbuf_get(weft_rt *rt, struct weft__shard *sh) {
 
 static void sendbuf_put(struct weft__conn *c) {
   struct weft__shard *sh = weft__local_begin(c->s.rt);
-  weft__pool_free(&c->s.rt->net.send_pool, sh ? &sh->cache.send : NULL, c->sb);
+  weft__pool_free(&c->s.rt->net.send_pool, sh ? &sh->cache.send : NULL,
+                  c->ws->sb);
   weft__local_end(sh);
-  c->sb = NULL;
+  c->ws->sb = NULL;
 }
 
 /* One sendmsg in the ring of the calling thread's shard, leaving with that
@@ -263,8 +323,8 @@ static void sendbuf_put(struct weft__conn *c) {
  * (wr_inflight, sb held until it completes). */
 static bool send_ring(struct weft__conn *c) {
   struct weft__shard *sh = weft__local_begin(c->s.rt);
-  bool in =
-      sh && c->sb && weft__io_send(sh, c->s.fd, &c->sb->msg, &c->s.ioh) == 0;
+  struct weft__sendbuf *sb = c->ws->sb;
+  bool in = sh && sb && weft__io_send(sh, c->s.fd, &sb->msg, &c->s.ioh) == 0;
   weft__local_end(sh);
   c->wr_inflight = in;
   return in;
@@ -284,7 +344,8 @@ static bool poll_room(struct weft__conn *c) {
  * while the socket takes bytes and budget lasts, then a poll for room.
  * false: the strand goes on in a later turn. */
 static bool submit_file(struct weft__conn *c, size_t *budget) {
-  if (c->sb)
+  struct weft__wstate *ws = c->ws;
+  if (ws->sb)
     sendbuf_put(c);
   /* The socket starts blocking (io.h, weft__io_sock_flags), and sendfile
    * has no MSG_DONTWAIT: at the first file send it is made non-blocking,
@@ -300,11 +361,11 @@ static bool submit_file(struct weft__conn *c, size_t *budget) {
       return true;
     }
     c->nonblock = true;
-    while (*budget && c->wq_head && c->wq_head->file_fd >= 0 &&
-           c->wq_head->left && c->writable)
+    while (*budget && ws->wq_head && ws->wq_head->file_fd >= 0 &&
+           ws->wq_head->left && c->writable)
       *budget -= send_file(c, *budget);
   }
-  if (!c->wq_head || c->wq_head->file_fd < 0 || !c->wq_head->left)
+  if (!ws->wq_head || ws->wq_head->file_fd < 0 || !ws->wq_head->left)
     return true;
   if (!c->writable && poll_room(c))
     return true;
@@ -316,42 +377,43 @@ static bool submit_file(struct weft__conn *c, size_t *budget) {
  * Without a ring entry (a thread without a shard, a full ring) a
  * non-blocking send goes directly, or the strand tries again later. */
 static void send_submit(struct weft__conn *c) {
+  struct weft__wstate *ws = c->ws;
   size_t budget = SEND_BUDGET; /* of direct sends */
-  while (c->wq_head && !c->wr_inflight) {
-    if (c->wq_head->file_fd >= 0 && c->wq_head->left) {
+  while (ws->wq_head && !c->wr_inflight) {
+    if (ws->wq_head->file_fd >= 0 && ws->wq_head->left) {
       if (!submit_file(c, &budget))
         break;
       continue;
     }
-    if (!c->sb) {
+    if (!ws->sb) {
       struct weft__shard *sh = weft__local_begin(c->s.rt);
-      c->sb = sendbuf_get(c->s.rt, sh);
+      ws->sb = sendbuf_get(c->s.rt, sh);
       weft__local_end(sh);
-      if (!c->sb) {
+      if (!ws->sb) {
         weft__sock_kick(&c->s); /* no memory now: later */
         return;
       }
     }
-    if (!gather(c, c->sb, SIZE_MAX)) {
+    if (!gather(c, ws->sb, SIZE_MAX)) {
       advance(c, 0);
       continue;
     }
     /* Before a file send, which runs on the strand anyway, a direct send
      * spares waiting a turn for the ring's completion. */
-    bool direct = c->sb->file_next && c->writable && budget;
+    bool direct = ws->sb->file_next && c->writable && budget;
     if (!direct && send_ring(c))
       return;
     if (c->writable && budget) {
-      if (!gather(c, c->sb, budget))
+      if (!gather(c, ws->sb, budget))
         continue; /* cannot be: gathered above */
-      ssize_t n = send_direct(c, c->sb);
+      ssize_t n = send_direct(c, ws->sb);
       if (n < 0 && errno == EINTR)
         continue;
       if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK) {
         write_failed(c, -errno);
         break;
       }
-      bool all = n > 0 && (size_t)n == c->sb->bytes;
+      bool all = n > 0 && (size_t)n == ws->sb->bytes;
       if (n > 0) {
         advance(c, (size_t)n);
         budget -= (size_t)n;
@@ -363,21 +425,23 @@ static void send_submit(struct weft__conn *c) {
     weft__sock_yield(&c->s); /* later, on a thread with a ring entry */
     break;
   }
-  if (c->sb && !c->wr_inflight)
+  if (ws->sb && !c->wr_inflight)
     sendbuf_put(c);
 }
 
 void weft__send_pump(struct weft__conn *c) {
   if (c->s.state != ST_OPEN)
     return;
-  if (weft__io_completes(c->s.rt))
+  if (weft__send_queued(c) && weft__io_completes(c->s.rt))
     send_submit(c);
-  else
+  else if (weft__send_queued(c))
     send_now(c);
-  if (!c->wq_head && c->shut_req && !c->shut_sent && !c->wr_inflight) {
+  if (!weft__send_queued(c) && c->shut_req && !c->shut_sent &&
+      !c->wr_inflight) {
     c->shut_sent = true;
     shutdown(c->s.fd, SHUT_WR);
   }
+  ws_put(c);
 }
 
 void weft__send_completed(struct weft__conn *c) {
@@ -388,7 +452,7 @@ void weft__send_completed(struct weft__conn *c) {
     return;
   }
   int res = c->wres;
-  size_t bytes = c->sb->bytes;
+  size_t bytes = c->ws->sb->bytes;
   sendbuf_put(c);
   if (res >= 0) {
     advance(c, (size_t)res);
@@ -406,11 +470,16 @@ void weft__send_completed(struct weft__conn *c) {
 
 /* ---- the API ------------------------------------------------------------- */
 
+/* A write request, with the write state if c holds none; NULL without
+ * memory, which leaves c's write state as it was or gives it back. */
 static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
+  struct weft__wstate *ws = ws_get(c);
   struct weft__wreq *w;
-  if (!c->wr_inline_busy) {
-    w = &c->wr_inline;
-    c->wr_inline_busy = true;
+  if (!ws)
+    return NULL;
+  if (!ws->inl_busy) {
+    w = &ws->inl;
+    ws->inl_busy = true;
   } else if (!(w = malloc(sizeof(*w)))) {
     return NULL;
   }
@@ -419,10 +488,11 @@ static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
   w->ctl = NULL;
   w->ctl_sent = false;
   if (iovcnt > 2 && !(w->iov = malloc(sizeof(struct iovec) * (size_t)iovcnt))) {
-    if (w == &c->wr_inline)
-      c->wr_inline_busy = false;
+    if (w == &ws->inl)
+      ws->inl_busy = false;
     else
       free(w);
+    ws_put(c);
     return NULL;
   }
   return w;
@@ -431,21 +501,22 @@ static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
 /* Appends w, of len bytes, to the queue and sends what can go now. */
 static void enqueue(struct weft__conn *c, struct weft__wreq *w, size_t len,
                     weft_write_fn fn, void *arg) {
+  struct weft__wstate *ws = c->ws;
   w->iovpos = 0;
   w->left = len;
   w->fn = fn;
   w->arg = arg;
   w->next = NULL;
-  if (c->wq_tail) {
-    c->wq_tail->next = w;
+  if (ws->wq_tail) {
+    ws->wq_tail->next = w;
   } else {
-    c->wq_head = w;
+    ws->wq_head = w;
     if (c->tmo)
       weft__tmo_write_queued(c);
   }
-  c->wq_tail = w;
-  weft__send_pump(c);
-  if (c->done_head)
+  ws->wq_tail = w;
+  weft__send_pump(c); /* gives the write state back if all is done */
+  if (c->ws && c->ws->done_head)
     weft__sock_kick(&c->s); /* completions run in the handler */
 }
 
@@ -465,7 +536,7 @@ int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
   }
   if (c->shut_req || c->err)
     return -EPIPE;
-  if (c->queued && c->queued + total > c->high) {
+  if (c->queued && c->queued + total > wm_of(c)->high) {
     c->drain_wanted = true;
     return -ENOBUFS;
   }
@@ -524,7 +595,7 @@ int weft_tcp_send_fds(weft_tcp *tcp, const void *buf, size_t len,
     return r;
   if (c->shut_req || c->err)
     return -EPIPE;
-  if (c->queued && c->queued + len > c->high) {
+  if (c->queued && c->queued + len > wm_of(c)->high) {
     c->drain_wanted = true;
     return -ENOBUFS;
   }
@@ -567,9 +638,17 @@ int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
   int r = weft__tcp_on_strand(c, "weft_tcp_set_watermarks");
   if (r)
     return r;
-  c->low = low;
-  c->high = high;
-  c->dfn = fn;
-  c->darg = arg;
+  if (!c->wm && !(c->wm = malloc(sizeof(*c->wm))))
+    return -ENOMEM;
+  *c->wm = (struct weft__wmark){.low = low, .high = high, .fn = fn, .arg = arg};
   return 0;
+}
+
+/* The write state is back in its pool by now: the handler that closed c
+ * failed its queue and ran the callbacks (weft__send_flush), and the
+ * send buffer went back when the last send completed, since nothing of
+ * c is in the kernel once it is closed. */
+void weft__send_release(struct weft__conn *c) {
+  free(c->wm);
+  c->wm = NULL;
 }

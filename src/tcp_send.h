@@ -18,8 +18,13 @@ void weft__send_pump(struct weft__conn *c);
 void weft__send_completed(struct weft__conn *c);
 /* Every queued write fails with status (close, error). */
 void weft__send_fail(struct weft__conn *c, int status);
-/* Calls the due write callbacks, then the drain callback; only from the
- * strand handler (never inside a weft_tcp_* call). */
+/* A write is queued (its bytes not all sent). */
+bool weft__send_queued(const struct weft__conn *c);
+/* Calls the due write callbacks, then the drain callback, and gives the
+ * write state back if nothing in it is left; only from the strand handler
+ * (never inside a weft_tcp_* call). */
 void weft__send_flush(struct weft__conn *c);
+/* The connection is closed: frees the watermarks' settings. */
+void weft__send_release(struct weft__conn *c);
 
 #endif

@@ -7,6 +7,7 @@
 
 #include "clock.h"
 #include "rt.h"
+#include "tcp_send.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -25,7 +26,7 @@ static uint64_t next_deadline(const struct weft__conn *c) {
     d = add_sat(t->last_io, t->idle);
   if (t->read && c->reading)
     d = min_u64(d, add_sat(t->read_since, t->read));
-  if (t->write && c->wq_head)
+  if (t->write && weft__send_queued(c))
     d = min_u64(d, add_sat(t->write_since, t->write));
   return d;
 }

@@ -279,7 +279,7 @@ WEFT_API size_t weft_tcp_queued(const weft_tcp *c);
 /* Write backpressure: a write that would take the queued bytes above high
  * fails with -ENOBUFS (unless the queue is empty), and fn(arg, c) runs once
  * the queue has drained to low or less. Defaults: low 64 KiB, high 1 MiB.
- * Errors: -EINVAL (low > high, high 0), -EPERM. */
+ * Errors: -EINVAL (low > high, high 0), -EPERM, -ENOMEM. */
 WEFT_API int weft_tcp_set_watermarks(weft_tcp *c, size_t low, size_t high,
                                      weft_drain_fn fn, void *arg);
 
