@@ -245,6 +245,7 @@ static void close_run(void *arg) {
     weft__calling((void *)c->clfn);
     c->clfn(c->data, (weft_tcp *)c);
   }
+  weft__send_release(c); /* after: the callback may set the watermarks */
   weft__sock_free(&c->s);
 }
 
@@ -258,7 +259,6 @@ static void post_close(struct weft__conn *c) {
   weft__tmo_free(c);
   weft__until_free(c);
   weft__fdq_free(c);
-  weft__send_release(c);
   c->close_posted = true;
   weft_rt *rt = c->s.rt;
   struct weft__shard *sh = weft__local_begin(rt);

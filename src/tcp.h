@@ -6,9 +6,11 @@
  * addresses tcp_opt.c's.
  *
  * Everything here is touched only on the connection's strand, but `ev`
- * (sock.h) and what the io_uring reaper shares with the strand for a
- * multishot receive (rin, rheld, mcancel, mclosing, m_armer: tcp_recv.c
- * has their argument).
+ * (sock.h), close_req (weft_tcp_close, from any thread), the results the
+ * io_uring reaper writes before it signals their event (rres, wres,
+ * mres), and what it shares with the strand for a multishot receive
+ * (rin, rheld, mcancel, mclosing, m_armer: tcp_recv.c has their
+ * argument).
  */
 #ifndef WEFT_TCP_H
 #define WEFT_TCP_H

@@ -114,8 +114,9 @@ static void wreq_done(struct weft__wstate *ws, struct weft__wreq *w,
   ws->done_tail = w;
 }
 
-/* Calls the due write callbacks, then the drain callback; only from the
- * strand handler (never inside a weft_tcp_* call). */
+/* Calls the due write callbacks, then the drain callback, and gives the
+ * write state back if nothing in it is left; only from the strand handler
+ * (never inside a weft_tcp_* call). */
 void weft__send_flush(struct weft__conn *c) {
   /* c->ws read again after each callback: a write it makes may take one
    * when none is held, and give it back at once */
@@ -645,9 +646,9 @@ int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
 }
 
 /* The write state is back in its pool by now: the handler that closed c
- * failed its queue and ran the callbacks (weft__send_flush), and the
- * send buffer went back when the last send completed, since nothing of
- * c is in the kernel once it is closed. */
+ * failed its queue and ran the callbacks (weft__send_flush), the send
+ * buffer went back when the last send completed, since nothing of c is
+ * in the kernel once it is closed, and no write is taken since. */
 void weft__send_release(struct weft__conn *c) {
   free(c->wm);
   c->wm = NULL;

@@ -91,7 +91,8 @@ static void test_sizes_and_objects(void **state) {
                     sizeof(struct weft_timer),
                     200,
                     sizeof(struct weft__conn),
-                    sizeof(struct weft__sendbuf)};
+                    sizeof(struct weft__sendbuf),
+                    sizeof(struct weft__wstate)};
   for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
     check_size(sizes[i], false);
     check_size(sizes[i], true);
@@ -105,9 +106,13 @@ static void test_runtime_objects(void **state) {
   cfg.workers = 2;
   weft_rt *rt;
   assert_int_equal(weft_rt_create(&rt, &cfg), 0);
-  struct weft__pool *pools[] = {
-      &rt->node_pool,     &rt->shards[0].strand_pool, &rt->shards[1].timer_pool,
-      &rt->net.conn_pool, &rt->net.lsock_pool,        &rt->net.send_pool};
+  struct weft__pool *pools[] = {&rt->node_pool,
+                                &rt->shards[0].strand_pool,
+                                &rt->shards[1].timer_pool,
+                                &rt->net.conn_pool,
+                                &rt->net.lsock_pool,
+                                &rt->net.send_pool,
+                                &rt->net.wstate_pool};
   for (size_t i = 0; i < sizeof(pools) / sizeof(pools[0]); i++)
     assert_int_equal(pools[i]->objsize % LINE, 0);
   weft_strand *s[8];
