@@ -11,7 +11,8 @@
 #include "tcp.h"
 
 /* Sends what the queue holds, as the backend does it; FIN after the last
- * write once weft_tcp_shutdown asked for it. Only while open. */
+ * write once weft_tcp_shutdown asked for it; gives the write state back
+ * if nothing in it is left. Only while open. */
 void weft__send_pump(struct weft__conn *c);
 /* io_uring: the send or the poll for room in the kernel completed
  * (c->wres its result). */
