@@ -405,7 +405,7 @@ static void lsock_finished(struct lsock *ls) {
   weft__sock_free(&ls->s);
 }
 
-static void lsock_run(struct weft__sock *s, uint32_t bits) {
+void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
   struct lsock *ls = (struct lsock *)s;
   if (bits & EV_ADONE)
     ring_accepted(ls);
@@ -499,7 +499,7 @@ static void lsock_discard(struct lsock *ls) {
 
 static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   struct weft__sock *s;
-  int r = weft__sock_new(&s, rt, SK_LISTEN, fd, NULL, lsock_run, lsock_done);
+  int r = weft__sock_new(&s, rt, SK_LISTEN, fd, NULL, lsock_done);
   if (r) {
     close(fd);
     return r;

@@ -72,7 +72,7 @@ static int pidfd_signal(int fd, int signo) {
  * its process has ended, and a reaped process has. */
 static void finish(struct weft_process *p) {
   if (p->polling)
-    return; /* proc_run finishes on the poll's completion */
+    return; /* weft__proc_run finishes on the poll's completion */
   weft__sock_close_fd(&p->s);
   weft__sock_free(&p->s);
 }
@@ -115,7 +115,7 @@ static void poll_submit(struct weft_process *p) {
     weft__sock_kick(&p->s);
 }
 
-static void proc_run(struct weft__sock *s, uint32_t bits) {
+void weft__proc_run(struct weft__sock *s, uint32_t bits) {
   struct weft_process *p = (struct weft_process *)s;
   if (bits & EV_POLLED)
     p->polling = false;
@@ -272,8 +272,7 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
   struct weft__sock *sk = NULL;
   if (pfd < 0) {
     r = pfd;
-  } else if ((r = weft__sock_new(&sk, rt, SK_PROC, pfd, s, proc_run,
-                                 proc_done))) {
+  } else if ((r = weft__sock_new(&sk, rt, SK_PROC, pfd, s, proc_done))) {
     close(pfd);
   }
   if (r) {

@@ -15,6 +15,8 @@
 #include <errno.h>
 #include <string.h>
 
+_Static_assert(WEFT_MAX_WORKERS < UINT16_MAX, "a shard index + 1 fits reg");
+
 /* ---- the event word ------------------------------------------------------ */
 
 void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
@@ -85,7 +87,20 @@ static void sock_run(struct weft__sock *s, unsigned idx) {
     }
     return;
   }
-  s->run(s, bits);
+  switch (s->kind) {
+  case SK_CONN:
+    weft__conn_run(s, bits);
+    break;
+  case SK_LISTEN:
+    weft__lsock_run(s, bits);
+    break;
+  case SK_UDP:
+    weft__udp_run(s, bits);
+    break;
+  default:
+    weft__proc_run(s, bits);
+    break;
+  }
 }
 
 static void sock_run0(void *arg) { sock_run(arg, 0); }
@@ -115,7 +130,6 @@ static void mem_free(weft_rt *rt, int kind, struct weft__sock *s) {
 
 int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
                    weft_strand *strand,
-                   void (*run)(struct weft__sock *, uint32_t),
                    void (*done)(struct weft__ioh *, struct weft__shard *,
                                 unsigned, const struct weft__cqe *)) {
   struct weft__pool *pool = pool_of(rt, kind);
@@ -138,7 +152,6 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
     s->node[i].embedded = 1;
   }
   s->ioh.done = done;
-  s->run = run;
   s->gen = (uint32_t)(ev >> 32);
   s->fd = fd;
   s->kind = (uint8_t)kind;
@@ -178,7 +191,7 @@ int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {
     pthread_mutex_unlock(&reg->socks.lock);
     return -ESHUTDOWN;
   }
-  s->reg = reg;
+  s->reg = (uint16_t)(reg->idx + 1);
   s->rprev = NULL;
   s->rnext = reg->socks.list;
   if (reg->socks.list)
@@ -189,16 +202,16 @@ int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {
     reg->socks.list = s->rnext;
     if (s->rnext)
       s->rnext->rprev = NULL;
-    s->reg = NULL;
+    s->reg = 0;
   }
   pthread_mutex_unlock(&reg->socks.lock);
   return r;
 }
 
 static void unregister(struct weft__sock *s) {
-  struct weft__shard *reg = s->reg;
-  if (!reg)
+  if (!s->reg)
     return;
+  struct weft__shard *reg = &s->rt->shards[s->reg - 1];
   pthread_mutex_lock(&reg->socks.lock);
   if (s->rprev)
     s->rprev->rnext = s->rnext;
@@ -207,7 +220,7 @@ static void unregister(struct weft__sock *s) {
   if (s->rnext)
     s->rnext->rprev = s->rprev;
   pthread_mutex_unlock(&reg->socks.lock);
-  s->reg = NULL;
+  s->reg = 0;
 }
 
 void weft__sock_close_fd(struct weft__sock *s) {

@@ -72,20 +72,19 @@ struct weft__sock {
   struct weft__node node[2]; /* node[0] first: the pool may overwrite it */
   _Atomic uint64_t ev;       /* see the top of this file */
   struct weft__ioh ioh;      /* its operations' and readiness's handle */
-  /* the kind's strand handler, with the bits the run cleared */
-  void (*run)(struct weft__sock *s, uint32_t bits);
-  unsigned post_idx;
   uint32_t gen;
+  int fd;
   /* when the event that queued the socket's node came (weft__ticks), for
    * WEFT_HIST_IO_DELAY: written before the post, read by the node's run
    * (one node is queued at a time: EV_QUEUED) */
   uint64_t queued_at;
-  int fd;
-  uint8_t kind, state;
-  bool free_pending; /* freed once the queued node has run */
+  uint8_t kind, state; /* kind: which strand handler runs it (sock.c) */
+  bool free_pending;   /* freed once the queued node has run */
+  uint8_t post_idx;
+  /* the registry holding it (shards[reg - 1], its socks.lock); 0: none */
+  uint16_t reg;
   weft_rt *rt;
   weft_strand *strand;
-  struct weft__shard *reg; /* the registry holding it (its socks.lock) */
   struct weft__sock *rnext, *rprev;
 };
 
@@ -129,14 +128,22 @@ static inline struct weft__sock *weft__sock_of(struct weft__ioh *h) {
 /* *out: a socket of a kind (its memory from that kind's pool, everything
  * zero but the generation), on strand (NULL: a new strand of its own,
  * released once no socket is on it: strand.h, socks),
- * with the kind's handlers; counted as an open descriptor (rt.c, busy).
+ * with the kind's completion handler; counted as an open descriptor
+ * (rt.c, busy).
  * Returns 0, -ENOMEM, or -ESHUTDOWN (its own strand refused: the runtime
  * is shutting down); on error fd is left open. */
 int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
                    weft_strand *strand,
-                   void (*run)(struct weft__sock *, uint32_t),
                    void (*done)(struct weft__ioh *, struct weft__shard *,
                                 unsigned, const struct weft__cqe *));
+/* The kinds' strand handlers, each with the bits the run cleared: a
+ * connection's (tcp.c), a listening socket's (listen.c), a UDP socket's
+ * (udp.c), a child process's (process.c). sock.c calls the one of the
+ * socket's kind. */
+void weft__conn_run(struct weft__sock *s, uint32_t bits);
+void weft__lsock_run(struct weft__sock *s, uint32_t bits);
+void weft__udp_run(struct weft__sock *s, uint32_t bits);
+void weft__proc_run(struct weft__sock *s, uint32_t bits);
 /* Publishes s (every field set before this call), registers it for the
  * shutdown sweep and with its home shard's backend (watching output too if
  * out); -ESHUTDOWN once the runtime shuts down. */

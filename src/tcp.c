@@ -47,8 +47,6 @@ _Static_assert(sizeof(struct weft__conn) <= 6 * WEFT_CACHELINE,
 #define CLOSE_SELF 2u
 #define CLOSE_ABORT 4u /* with CLOSE_USER */
 
-static void conn_run(struct weft__sock *sk, uint32_t bits);
-
 /* The reaper: an operation of c completed. */
 static void conn_done(struct weft__ioh *h, struct weft__shard *local,
                       unsigned op, const struct weft__cqe *cqe) {
@@ -79,7 +77,7 @@ static void conn_done(struct weft__ioh *h, struct weft__shard *local,
 static int conn_new(struct weft__conn **out, weft_rt *rt, int fd,
                     weft_strand *strand) {
   struct weft__sock *s;
-  int r = weft__sock_new(&s, rt, SK_CONN, fd, strand, conn_run, conn_done);
+  int r = weft__sock_new(&s, rt, SK_CONN, fd, strand, conn_done);
   if (r)
     return r;
   *out = (struct weft__conn *)s;
@@ -158,7 +156,7 @@ static void connect_start(struct weft__conn *c) {
     connect_done(c, 0);
   else if (errno != EINPROGRESS)
     connect_done(c, -errno);
-  /* else: EV_OUT says it finished (conn_run) */
+  /* else: EV_OUT says it finished (weft__conn_run) */
 }
 
 /* Readiness: an output event while connecting. Events can predate
@@ -189,8 +187,8 @@ static void close_finish(struct weft__conn *c) {
   c->s.state = ST_CLOSED;
 }
 
-/* A weft_tcp_close that came first ends the wait in conn_run with its
- * EV_CLOSE. The kick runs conn_run to the close callback when this is
+/* A weft_tcp_close that came first ends the wait in weft__conn_run with its
+ * EV_CLOSE. The kick runs weft__conn_run to the close callback when this is
  * called from outside it (a timer's handler). */
 void weft__tcp_close_self(struct weft__conn *c) {
   uint32_t none = 0;
@@ -270,7 +268,7 @@ static void post_close(struct weft__conn *c) {
     close_run(c);
 }
 
-static void conn_run(struct weft__sock *sk, uint32_t bits) {
+void weft__conn_run(struct weft__sock *sk, uint32_t bits) {
   struct weft__conn *c = (struct weft__conn *)sk;
   if (bits & EV_ACCEPTED) {
     accepted_run(c);

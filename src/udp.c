@@ -81,7 +81,7 @@ struct udp {
   _Atomic uint32_t close_req; /* 1 once closed by the user or a shutdown */
   bool receiving, readable, writable, polling, ring_send, close_posted;
   bool connected;
-  bool in_run; /* udp_run is going on: its flush sends what is queued */
+  bool in_run; /* weft__udp_run is going on: its flush sends what is queued */
   bool kicked; /* a flush is asked for by a kick */
   int family;
   unsigned maxdg;
@@ -338,7 +338,7 @@ static void post_close(struct udp *u) {
     close_run(u);
 }
 
-static void udp_run(struct weft__sock *s, uint32_t bits) {
+void weft__udp_run(struct weft__sock *s, uint32_t bits) {
   struct udp *u = (struct udp *)s;
   if (bits & EV_POLLED) {
     u->polling = false;
@@ -502,7 +502,7 @@ int weft_udp_open(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
   }
   unsigned home = weft__sock_home(rt);
   struct weft__sock *sk;
-  r = weft__sock_new(&sk, rt, SK_UDP, fd, s, udp_run, udp_done);
+  r = weft__sock_new(&sk, rt, SK_UDP, fd, s, udp_done);
   if (r) {
     close(fd);
     return r;
