@@ -37,8 +37,8 @@
 
 /* An idle connection's memory is mostly this (tcp.h), a simulation's
  * (sim.h) too: the ports of its TCP addresses fill holes. */
-_Static_assert(sizeof(struct weft__conn) <= 6 * WEFT_CACHELINE,
-               "a connection is six cache lines at most");
+_Static_assert(sizeof(struct weft__conn) <= 5 * WEFT_CACHELINE,
+               "a connection is five cache lines at most");
 
 #define READ_MAX ((size_t)1 << 30)
 
@@ -200,6 +200,7 @@ void weft__tcp_close_self(struct weft__conn *c) {
 static void close_begin(struct weft__conn *c) {
   if (c->s.state >= ST_CLOSING)
     return;
+  bool connecting = c->s.state == ST_CONNECTING; /* cn is the request */
   c->s.state = ST_CLOSING;
   if (c->user_closed && weft__load(&c->close_req, WA_RLX) & CLOSE_ABORT) {
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
@@ -212,7 +213,7 @@ static void close_begin(struct weft__conn *c) {
   if (c->wr_inflight || c->rd_inflight ||
       (c->rd_multi && !weft__recv_cancel_local(c)))
     shutdown(c->s.fd, SHUT_RDWR);
-  if (c->cn && !c->rd_inflight)
+  if (connecting && c->cn && !c->rd_inflight)
     connect_done(c, -ECANCELED);
   weft__recv_cancel(c);
   weft__until_cancel(c, weft__tcp_close_status(c));
@@ -243,7 +244,13 @@ static void close_run(void *arg) {
     weft__calling((void *)c->clfn);
     c->clfn(c->data, (weft_tcp *)c);
   }
-  weft__send_release(c); /* after: the callback may set the watermarks */
+  /* After the callback, which may still set the watermarks. The write
+   * state is back in its pool already: the handler that closed c failed
+   * its queue and ran the callbacks (weft__send_flush), the send buffer
+   * went back when the last send completed (nothing of c is in the kernel
+   * once it is closed), and no write is taken since. */
+  free(c->more);
+  c->more = NULL;
   weft__sock_free(&c->s);
 }
 
@@ -440,10 +447,10 @@ int weft_tcp_read(weft_tcp *tcp, void *buf, size_t len, weft_read_fn fn,
     return -EBUSY;
   c->reading = true;
   c->rbuf = buf;
-  c->rlen = len < READ_MAX ? len : READ_MAX;
+  c->rlen = (uint32_t)(len < READ_MAX ? len : READ_MAX);
   c->rfn = fn;
   c->rarg = arg;
-  if (c->tmo)
+  if (weft__tcp_tmo(c))
     weft__tmo_read_started(c);
   weft__recv_start(c);
   return 0;
@@ -634,6 +641,12 @@ int weft__tcp_adopt(weft_rt *rt, weft_strand *s, int fd, weft_tcp **out) {
   }
   *out = (weft_tcp *)c;
   return 0;
+}
+
+struct weft__tcp_more *weft__tcp_more(struct weft__conn *c) {
+  if (!c->more)
+    c->more = calloc(1, sizeof(*c->more));
+  return c->more;
 }
 
 /* ---- the runtime's side ----------------------------------------------------

@@ -69,16 +69,28 @@ struct weft__wstate {
   /* the queue, then the completed writes whose callbacks are due */
   struct weft__wreq *wq_head, *wq_tail, *done_head, *done_tail;
   struct weft__sendbuf *sb; /* uring: the send in the kernel, if any */
+  size_t queued;            /* weft_tcp_queued */
   bool inl_busy;
   struct weft__wreq inl; /* one write needs no allocation of its own */
 };
 
-/* weft_tcp_set_watermarks's settings, held only by a connection that made
- * that call (tcp_send.c); the others have the defaults. */
+/* weft_tcp_set_watermarks's settings (tcp_send.c). */
 struct weft__wmark {
   size_t low, high;
   weft_drain_fn fn;
   void *arg;
+};
+
+/* What only some connections have, behind one pointer (c->more), from the
+ * first call that sets any of it until the connection's end (tcp.c,
+ * close_run): timeouts, read-until and descriptor passing own what they
+ * point to and free it when the connection closes. */
+struct weft__tcp_more {
+  struct weft__tmo *tmo;     /* weft_tcp_set_timeouts, or NULL */
+  struct weft__until *until; /* weft_tcp_read_until, or NULL */
+  struct weft__fdq *fdq;     /* weft_tcp_set_fd_limit, or NULL (unix.h) */
+  bool wm_set;               /* else the default watermarks */
+  struct weft__wmark wm;
 };
 
 /* weft_tcp_connect's request, until the connect callback. */
@@ -93,10 +105,10 @@ struct weft__connect {
 };
 
 /* Every connection, idle ones included, holds one of these, carved in
- * whole cache lines (pool.c): it is kept to six (tcp.c asserts it). What
- * only some connections use, for a while or at all, is held elsewhere
- * while in use: the writes' state, the watermarks, timeouts, read-until,
- * the connect's request, descriptor passing. */
+ * whole cache lines (pool.c): it is kept to five (tcp.c asserts it). What
+ * only some connections use, for a while or at all, is held elsewhere:
+ * the writes' state while there are writes, and behind `more` the
+ * watermarks, timeouts, read-until and descriptor passing. */
 struct weft__conn {
   struct weft__sock s;
   /* Flags, in bits: all are read and written on the strand alone (what
@@ -126,12 +138,10 @@ struct weft__conn {
   int err;            /* sticky write error, 0 if none */
   int32_t rres, wres; /* uring: results of the ops in the kernel */
   int32_t mres;       /* the multishot's end, written by the reaper */
-#ifdef WEFT_SIM
-  uint16_t sim_lport, sim_pport;
-#endif
-  /* read */
+  /* read: a read's buffer, its length (at most READ_MAX, tcp.c), its
+   * callback */
+  uint32_t rlen;
   void *rbuf;
-  size_t rlen;
   weft_read_fn rfn;
   void *rarg;
   struct weft__rbuf *rq_head, *rq_tail;
@@ -141,12 +151,8 @@ struct weft__conn {
   _Atomic uint32_t mclosing;        /* the socket closes: cancel it */
   int32_t rd_term; /* here, not with the flags: it fills a hole */
   _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
-  struct weft__io *m_io; /* the ring it went to (strand only) */
-  /* writes: their state while any is held, the bytes queued, the
-   * watermarks if set */
-  struct weft__wstate *ws;
-  size_t queued;
-  struct weft__wmark *wm;
+  struct weft__io *m_io;   /* the ring it went to (strand only) */
+  struct weft__wstate *ws; /* writes: their state while any is held */
   /* close: close_req goes 0 -> CLOSE_USER, with CLOSE_ABORT for an
    * abortive close (weft_tcp_close, any thread, which then signals
    * EV_CLOSE) or 0 -> CLOSE_SELF (on the strand: a shutdown, a failed
@@ -154,18 +160,35 @@ struct weft__conn {
    * closed and, for CLOSE_USER, EV_CLOSE was seen: after that nothing may
    * signal c, since its memory is then reused. */
   _Atomic uint32_t close_req;
+#ifdef WEFT_SIM
+  uint16_t sim_lport, sim_pport;
+#endif
   weft_close_fn clfn; /* weft_tcp_set_data */
   void *data;
-  struct weft__tmo *tmo;     /* weft_tcp_set_timeouts, or NULL */
-  struct weft__until *until; /* weft_tcp_read_until, or NULL */
-  struct weft__connect *cn;  /* connecting: the request */
-  struct weft__fdq *fdq;     /* weft_tcp_set_fd_limit, or NULL (unix.h) */
-  struct weft_listener *lst; /* accepted: until its accept callback */
+  struct weft__tcp_more *more; /* NULL until something of it is set */
+  /* A new connection's one link at a time: the request while connecting
+   * (ST_CONNECTING), the listener until the accept callback (ST_NEW). */
+  union {
+    struct weft__connect *cn;
+    struct weft_listener *lst;
+  };
 };
 
 static inline struct weft__conn *weft__conn_of(const weft_tcp *c) {
   return (struct weft__conn *)c;
 }
+
+static inline struct weft__tmo *weft__tcp_tmo(const struct weft__conn *c) {
+  return c->more ? c->more->tmo : NULL;
+}
+static inline struct weft__until *weft__tcp_until(const struct weft__conn *c) {
+  return c->more ? c->more->until : NULL;
+}
+static inline struct weft__fdq *weft__tcp_fdq(const struct weft__conn *c) {
+  return c->more ? c->more->fdq : NULL;
+}
+/* c->more, allocated (zeroed) if c has none; NULL without memory. */
+struct weft__tcp_more *weft__tcp_more(struct weft__conn *c);
 
 /* The runtime's side: the pools at create and destroy. */
 void weft__tcp_init(weft_rt *rt);

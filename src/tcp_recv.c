@@ -64,7 +64,7 @@
 
 void weft__recv_done(struct weft__conn *c, long n) {
   c->reading = false;
-  if (n > 0 && c->tmo)
+  if (n > 0 && weft__tcp_tmo(c))
     weft__tmo_progress(c, false);
   weft_read_fn fn = c->rfn;
   c->rfn = NULL;
@@ -168,7 +168,7 @@ static void arm(struct weft__conn *c) {
   weft_rt *rt = c->s.rt;
   struct weft__shard *sh = weft__local_begin(rt);
   int r = -ENOBUFS;
-  if (sh && !c->rd_nobufs && !c->fdq &&
+  if (sh && !c->rd_nobufs && !weft__tcp_fdq(c) &&
       !weft__load(&rt->net.no_multishot, WA_RLX)) {
     /* Before it can complete: the reaper compares m_armer. */
     weft__store(&c->mcancel, 0, WA_RLX);
@@ -185,10 +185,11 @@ static void arm(struct weft__conn *c) {
      * first (5.19; -EINVAL before, then never again). */
     c->rd_pollfirst =
         c->rd_short && !weft__load(&rt->net.no_poll_first, WA_RLX);
-    r = c->fdq ? weft__io_recvmsg(sh, c->s.fd, weft__fdq_msg(c),
-                                  MSG_CMSG_CLOEXEC, c->rd_pollfirst, &c->s.ioh)
-               : weft__io_recv(sh, c->s.fd, c->rbuf, c->rlen, c->rd_pollfirst,
-                               &c->s.ioh);
+    r = weft__tcp_fdq(c)
+            ? weft__io_recvmsg(sh, c->s.fd, weft__fdq_msg(c), MSG_CMSG_CLOEXEC,
+                               c->rd_pollfirst, &c->s.ioh)
+            : weft__io_recv(sh, c->s.fd, c->rbuf, c->rlen, c->rd_pollfirst,
+                            &c->s.ioh);
     c->rd_inflight = r == 0;
   }
   weft__local_end(sh);
@@ -223,7 +224,7 @@ static void pump(struct weft__conn *c) {
 static ssize_t recv_direct(struct weft__conn *c) {
   if (weft__sim_fault(c->s.rt, WEFT_SIM_FAULT_BREAK))
     shutdown(c->s.fd, SHUT_RDWR); /* a simulated break (sim.h) */
-  if (!c->fdq)
+  if (!weft__tcp_fdq(c))
     return recv(c->s.fd, c->rbuf, c->rlen, MSG_DONTWAIT);
   ssize_t n =
       recvmsg(c->s.fd, weft__fdq_msg(c), MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
@@ -275,7 +276,7 @@ void weft__recv_completed(struct weft__conn *c) {
   c->rd_inflight = false;
   c->rd_nobufs = false;
   int res = c->rres;
-  if (res > 0 && c->fdq)
+  if (res > 0 && weft__tcp_fdq(c))
     weft__fdq_collect(c); /* closing or not: the queue owns them now */
   c->rd_short = res > 0 && (size_t)res < c->rlen;
   if (res == -EINVAL && c->rd_pollfirst)

@@ -51,7 +51,7 @@ static const struct weft__wmark wm_default = {.low = (size_t)64 << 10,
                                               .high = (size_t)1 << 20};
 
 static const struct weft__wmark *wm_of(const struct weft__conn *c) {
-  return c->wm ? c->wm : &wm_default;
+  return c->more && c->more->wm_set ? &c->more->wm : &wm_default;
 }
 
 /* ---- the write state ---------------------------------------------------- */
@@ -81,6 +81,10 @@ static void ws_put(struct weft__conn *c) {
   weft__pool_free(&c->s.rt->net.wstate_pool, sh ? &sh->cache.wstate : NULL, ws);
   weft__local_end(sh);
   c->ws = NULL;
+}
+
+static size_t queued_of(const struct weft__conn *c) {
+  return c->ws ? c->ws->queued : 0;
 }
 
 bool weft__send_queued(const struct weft__conn *c) {
@@ -135,7 +139,7 @@ void weft__send_flush(struct weft__conn *c) {
   }
   ws_put(c);
   const struct weft__wmark *wm = wm_of(c);
-  if (c->drain_wanted && c->queued <= wm->low && c->s.state == ST_OPEN) {
+  if (c->drain_wanted && queued_of(c) <= wm->low && c->s.state == ST_OPEN) {
     c->drain_wanted = false;
     if (wm->fn) {
       weft__calling((void *)wm->fn);
@@ -147,9 +151,9 @@ void weft__send_flush(struct weft__conn *c) {
 /* Every queued write fails with status (close, error). */
 void weft__send_fail(struct weft__conn *c, int status) {
   struct weft__wstate *ws = c->ws;
-  c->queued = 0;
   if (!ws)
     return;
+  ws->queued = 0;
   while (ws->wq_head) {
     struct weft__wreq *w = ws->wq_head;
     ws->wq_head = w->next;
@@ -162,9 +166,9 @@ void weft__send_fail(struct weft__conn *c, int status) {
  * (zero-length ones at the head included). */
 static void advance(struct weft__conn *c, size_t n) {
   struct weft__wstate *ws = c->ws;
-  if (n && c->tmo)
+  if (n && weft__tcp_tmo(c))
     weft__tmo_progress(c, true);
-  c->queued -= n;
+  ws->queued -= n;
   while (ws->wq_head) {
     struct weft__wreq *w = ws->wq_head;
     if (n && w->ctl)
@@ -257,7 +261,7 @@ static size_t send_file(struct weft__conn *c, size_t max) {
   ssize_t n = sendfile(c->s.fd, w->file_fd, &w->file_off,
                        w->left < max ? w->left : max);
   if (n > 0) {
-    if (c->tmo)
+    if (weft__tcp_tmo(c))
       weft__tmo_progress(c, true);
     w->left -= (size_t)n;
     if (!w->left)
@@ -512,7 +516,7 @@ static void enqueue(struct weft__conn *c, struct weft__wreq *w, size_t len,
     ws->wq_tail->next = w;
   } else {
     ws->wq_head = w;
-    if (c->tmo)
+    if (weft__tcp_tmo(c))
       weft__tmo_write_queued(c);
   }
   ws->wq_tail = w;
@@ -537,7 +541,8 @@ int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
   }
   if (c->shut_req || c->err)
     return -EPIPE;
-  if (c->queued && c->queued + total > wm_of(c)->high) {
+  size_t queued = queued_of(c);
+  if (queued && queued + total > wm_of(c)->high) {
     c->drain_wanted = true;
     return -ENOBUFS;
   }
@@ -546,7 +551,7 @@ int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
     return -ENOMEM;
   memcpy(w->iov, iov, sizeof(*iov) * (size_t)iovcnt);
   w->iovcnt = iovcnt;
-  c->queued += total;
+  c->ws->queued += total;
   enqueue(c, w, total, fn, arg);
   return 0;
 }
@@ -577,7 +582,7 @@ int weft_tcp_sendfile(weft_tcp *tcp, int fd, int64_t off, size_t len,
   w->iovcnt = 0;
   w->file_fd = fd;
   w->file_off = (off_t)off;
-  enqueue(c, w, len, fn, arg); /* holds no memory: not in c->queued */
+  enqueue(c, w, len, fn, arg); /* holds no memory: not in ws->queued */
   return 0;
 }
 
@@ -596,7 +601,8 @@ int weft_tcp_send_fds(weft_tcp *tcp, const void *buf, size_t len,
     return r;
   if (c->shut_req || c->err)
     return -EPIPE;
-  if (c->queued && c->queued + len > wm_of(c)->high) {
+  size_t queued = queued_of(c);
+  if (queued && queued + len > wm_of(c)->high) {
     c->drain_wanted = true;
     return -ENOBUFS;
   }
@@ -616,7 +622,7 @@ int weft_tcp_send_fds(weft_tcp *tcp, const void *buf, size_t len,
   w->iov[0].iov_base = (void *)buf;
   w->iov[0].iov_len = len;
   w->iovcnt = 1;
-  c->queued += len;
+  c->ws->queued += len;
   enqueue(c, w, len, fn, arg);
   return 0;
 }
@@ -628,7 +634,7 @@ int weft_tcp_write(weft_tcp *tcp, const void *buf, size_t len, weft_write_fn fn,
 }
 
 size_t weft_tcp_queued(const weft_tcp *tcp) {
-  return tcp ? weft__conn_of(tcp)->queued : 0;
+  return tcp ? queued_of(weft__conn_of(tcp)) : 0;
 }
 
 int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
@@ -639,17 +645,10 @@ int weft_tcp_set_watermarks(weft_tcp *tcp, size_t low, size_t high,
   int r = weft__tcp_on_strand(c, "weft_tcp_set_watermarks");
   if (r)
     return r;
-  if (!c->wm && !(c->wm = malloc(sizeof(*c->wm))))
+  struct weft__tcp_more *m = weft__tcp_more(c);
+  if (!m)
     return -ENOMEM;
-  *c->wm = (struct weft__wmark){.low = low, .high = high, .fn = fn, .arg = arg};
+  m->wm = (struct weft__wmark){.low = low, .high = high, .fn = fn, .arg = arg};
+  m->wm_set = true;
   return 0;
-}
-
-/* The write state is back in its pool by now: the handler that closed c
- * failed its queue and ran the callbacks (weft__send_flush), the send
- * buffer went back when the last send completed, since nothing of c is
- * in the kernel once it is closed, and no write is taken since. */
-void weft__send_release(struct weft__conn *c) {
-  free(c->wm);
-  c->wm = NULL;
 }

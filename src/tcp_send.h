@@ -25,7 +25,4 @@ bool weft__send_queued(const struct weft__conn *c);
  * write state back if nothing in it is left; only from the strand handler
  * (never inside a weft_tcp_* call). */
 void weft__send_flush(struct weft__conn *c);
-/* After the close callback: frees the watermarks' settings. */
-void weft__send_release(struct weft__conn *c);
-
 #endif

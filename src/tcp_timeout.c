@@ -20,7 +20,7 @@ static inline uint64_t add_sat(uint64_t a, uint64_t b) {
 
 /* The earliest deadline the connection's state has now; UINT64_MAX: none. */
 static uint64_t next_deadline(const struct weft__conn *c) {
-  const struct weft__tmo *t = c->tmo;
+  const struct weft__tmo *t = weft__tcp_tmo(c);
   uint64_t d = UINT64_MAX;
   if (t->idle)
     d = add_sat(t->last_io, t->idle);
@@ -35,7 +35,7 @@ static void fire(void *arg, int status, uint64_t missed);
 
 /* Arms the timer at d if that is earlier than where it is armed. */
 static void arm_by(struct weft__conn *c, uint64_t d) {
-  struct weft__tmo *t = c->tmo;
+  struct weft__tmo *t = weft__tcp_tmo(c);
   if (d >= t->armed_at)
     return;
   if (weft_timer_start_at(t->timer, d, 0, fire, c) == 0)
@@ -45,7 +45,7 @@ static void arm_by(struct weft__conn *c, uint64_t d) {
 static void fire(void *arg, int status, uint64_t missed) {
   struct weft__conn *c = arg;
   (void)missed;
-  struct weft__tmo *t = c->tmo;
+  struct weft__tmo *t = weft__tcp_tmo(c);
   if (status || !t || c->s.state != ST_OPEN)
     return; /* a shutdown, or closing anyway */
   t->armed_at = UINT64_MAX;
@@ -60,21 +60,21 @@ static void fire(void *arg, int status, uint64_t missed) {
 }
 
 void weft__tmo_read_started(struct weft__conn *c) {
-  struct weft__tmo *t = c->tmo;
+  struct weft__tmo *t = weft__tcp_tmo(c);
   t->read_since = weft__now_ns();
   if (t->read)
     arm_by(c, add_sat(t->read_since, t->read));
 }
 
 void weft__tmo_write_queued(struct weft__conn *c) {
-  struct weft__tmo *t = c->tmo;
+  struct weft__tmo *t = weft__tcp_tmo(c);
   t->write_since = weft__now_ns();
   if (t->write)
     arm_by(c, add_sat(t->write_since, t->write));
 }
 
 void weft__tmo_progress(struct weft__conn *c, bool sent) {
-  struct weft__tmo *t = c->tmo;
+  struct weft__tmo *t = weft__tcp_tmo(c);
   uint64_t now = weft__now_ns();
   t->last_io = now;
   if (sent)
@@ -82,11 +82,12 @@ void weft__tmo_progress(struct weft__conn *c, bool sent) {
 }
 
 void weft__tmo_free(struct weft__conn *c) {
-  if (!c->tmo)
+  struct weft__tmo *t = weft__tcp_tmo(c);
+  if (!t)
     return;
-  weft_timer_destroy(c->tmo->timer);
-  free(c->tmo);
-  c->tmo = NULL;
+  weft_timer_destroy(t->timer);
+  free(t);
+  c->more->tmo = NULL;
 }
 
 int weft_tcp_set_timeouts(weft_tcp *tcp, uint64_t idle_ns, uint64_t read_ns,
@@ -98,18 +99,18 @@ int weft_tcp_set_timeouts(weft_tcp *tcp, uint64_t idle_ns, uint64_t read_ns,
   if (c->s.state != ST_OPEN || weft__load(&c->close_req, WA_RLX))
     return c->s.state < ST_OPEN ? -ENOTCONN : -EBADF;
   uint64_t now = weft__now_ns();
-  struct weft__tmo *t = c->tmo;
+  struct weft__tmo *t = weft__tcp_tmo(c);
   if (!t) {
     if (!idle_ns && !read_ns && !write_ns)
       return 0;
-    if (!(t = calloc(1, sizeof(*t))))
+    if (!weft__tcp_more(c) || !(t = calloc(1, sizeof(*t))))
       return -ENOMEM;
     r = weft_timer_create(c->s.rt, c->s.strand, &t->timer);
     if (r) {
       free(t);
       return r;
     }
-    c->tmo = t;
+    c->more->tmo = t;
     t->read_since = t->write_since = now;
   }
   t->idle = idle_ns;

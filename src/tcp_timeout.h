@@ -29,7 +29,7 @@ struct weft__tmo {
   bool fired;           /* it closed the connection */
 };
 
-/* Hooks, on the strand, only for a connection with timeouts (c->tmo). */
+/* Hooks, on the strand, only for a connection with timeouts (weft__tcp_tmo). */
 void weft__tmo_read_started(struct weft__conn *c);
 void weft__tmo_write_queued(struct weft__conn *c); /* into an empty queue */
 void weft__tmo_progress(struct weft__conn *c, bool sent);
@@ -38,7 +38,8 @@ void weft__tmo_free(struct weft__conn *c);
 
 /* What an operation that the close ended completes with. */
 static inline int weft__tcp_close_status(const struct weft__conn *c) {
-  return c->tmo && c->tmo->fired ? -ETIMEDOUT : -ECANCELED;
+  const struct weft__tmo *t = weft__tcp_tmo(c);
+  return t && t->fired ? -ETIMEDOUT : -ECANCELED;
 }
 
 #endif

@@ -41,7 +41,7 @@ static size_t find(const struct weft__until *u, size_t from) {
 }
 
 static void deliver(struct weft__conn *c, long n) {
-  struct weft__until *u = c->until;
+  struct weft__until *u = weft__tcp_until(c);
   u->ready = false;
   weft__calling((void *)u->fn);
   u->fn(u->arg, (weft_tcp *)c, n, u->have);
@@ -50,7 +50,7 @@ static void deliver(struct weft__conn *c, long n) {
 /* The read callback of each step. */
 static void until_read(void *arg, weft_tcp *tcp, long n) {
   struct weft__conn *c = arg;
-  struct weft__until *u = c->until;
+  struct weft__until *u = weft__tcp_until(c);
   if (n <= 0) {
     deliver(c, n); /* end of file (0), an error, or the close's status */
     return;
@@ -76,14 +76,15 @@ static void until_read(void *arg, weft_tcp *tcp, long n) {
  * first (weft__until_cancel), leaving nothing to do. */
 static void until_ready(void *arg) {
   struct weft__conn *c = arg;
-  struct weft__until *u = c->until;
+  struct weft__until *u = weft__tcp_until(c);
   if (!u || !u->ready)
     return;
   deliver(c, u->found ? (long)u->found : -EMSGSIZE);
 }
 
 bool weft__until_pending(const struct weft__conn *c) {
-  return c->until && c->until->ready;
+  struct weft__until *u = weft__tcp_until(c);
+  return u && u->ready;
 }
 
 void weft__until_cancel(struct weft__conn *c, int status) {
@@ -103,8 +104,9 @@ int weft_tcp_read_until(weft_tcp *tcp, void *buf, size_t len, size_t have,
     return -EINVAL;
   if (c->reading || weft__until_pending(c))
     return -EBUSY;
-  struct weft__until *u = c->until;
-  if (!u && !(u = c->until = calloc(1, sizeof(*u))))
+  struct weft__until *u = weft__tcp_until(c);
+  if (!u &&
+      (!weft__tcp_more(c) || !(u = c->more->until = calloc(1, sizeof(*u)))))
     return -ENOMEM;
   u->buf = buf;
   u->len = len;
@@ -127,6 +129,8 @@ int weft_tcp_read_until(weft_tcp *tcp, void *buf, size_t len, size_t have,
 }
 
 void weft__until_free(struct weft__conn *c) {
-  free(c->until);
-  c->until = NULL;
+  if (!c->more)
+    return;
+  free(c->more->until);
+  c->more->until = NULL;
 }

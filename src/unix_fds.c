@@ -47,7 +47,7 @@ int weft__unix_conn_check(struct weft__conn *c) {
 }
 
 struct msghdr *weft__fdq_msg(struct weft__conn *c) {
-  struct weft__fdq *q = c->fdq;
+  struct weft__fdq *q = weft__tcp_fdq(c);
   unsigned room = q->max - q->count;
   if (room > PER_MSG)
     room = PER_MSG;
@@ -78,7 +78,7 @@ static void push(struct weft__conn *c, struct weft__fdq *q, int fd) {
 }
 
 void weft__fdq_collect(struct weft__conn *c) {
-  struct weft__fdq *q = c->fdq;
+  struct weft__fdq *q = weft__tcp_fdq(c);
   if (q->msg.msg_flags & MSG_CTRUNC)
     q->dropped = true;
   if (!q->msg.msg_control)
@@ -98,13 +98,13 @@ void weft__fdq_collect(struct weft__conn *c) {
 }
 
 void weft__fdq_free(struct weft__conn *c) {
-  struct weft__fdq *q = c->fdq;
+  struct weft__fdq *q = weft__tcp_fdq(c);
   if (!q)
     return;
   for (unsigned i = 0; i < q->count; i++)
     close(q->fds[(q->head + i) % q->max]);
   free(q);
-  c->fdq = NULL;
+  c->more->fdq = NULL;
 }
 
 int weft_tcp_set_fd_limit(weft_tcp *tcp, unsigned max) {
@@ -119,6 +119,8 @@ int weft_tcp_set_fd_limit(weft_tcp *tcp, unsigned max) {
   if (c->read_made)
     return -EBUSY;
   struct weft__fdq *q = NULL;
+  if (max && !weft__tcp_more(c))
+    return -ENOMEM;
   if (max) {
     q = calloc(1, sizeof(*q) + sizeof(int) * max);
     if (!q)
@@ -126,7 +128,8 @@ int weft_tcp_set_fd_limit(weft_tcp *tcp, unsigned max) {
     q->max = max;
   }
   weft__fdq_free(c); /* holds none yet: nothing was read */
-  c->fdq = q;
+  if (c->more)
+    c->more->fdq = q;
   return 0;
 }
 
@@ -135,7 +138,7 @@ int weft_tcp_take_fd(weft_tcp *tcp) {
   int r = weft__tcp_on_strand(c, "weft_tcp_take_fd");
   if (r)
     return r;
-  struct weft__fdq *q = c->fdq;
+  struct weft__fdq *q = weft__tcp_fdq(c);
   if (!q || !q->count) {
     if (!q || !q->dropped)
       return -EAGAIN;
