@@ -5,7 +5,8 @@
  *
  * Run queue: head and tail are 64-bit counters that only grow; an item
  * lives in slot[index % CAP]. Only the owner writes tail; head moves only
- * by CAS (owner pop, owner grab, thief steal). Why it is correct:
+ * by CAS (owner pop, owner grab, thief steal), except in a runtime of one
+ * shard, which has no thieves (weft__runq_pop_owned). Why it is correct:
  *  - The owner writes a slot, then stores tail with release. A thief loads
  *    tail with acquire, so the slot writes it reads happen-before its reads.
  *  - The owner writes slot (t % CAP) only when t - head < CAP, with head
@@ -67,6 +68,19 @@ weft__item weft__runq_pop(struct weft__runq *q) {
     if (weft__cas(&q->head, &h, h + 1, WA_AR, WA_ACQ))
       return it;
   }
+}
+
+/* No thief can reach the ring (runq.h): head is the owner's alone, as
+ * tail is. The store is a release all the same, as the CAS's success is,
+ * for readers of the length (runq_len's acquire loads); a new holder
+ * after a handoff is ordered after this one by the handoff itself. */
+weft__item weft__runq_pop_owned(struct weft__runq *q) {
+  uint64_t h = weft__load(&q->head, WA_RLX);
+  if (h == weft__load(&q->tail, WA_RLX))
+    return 0;
+  weft__item it = weft__load(&q->slot[h % WEFT_RUNQ_CAP], WA_RLX);
+  weft__store(&q->head, h + 1, WA_REL);
+  return it;
 }
 
 uint32_t weft__runq_grab(struct weft__runq *q, weft__item *out, uint32_t n) {

@@ -24,7 +24,8 @@ struct weft__link {
 #endif
 
 /* A bounded ring: the owner pushes at the tail and pops at the head,
- * thieves take half from the head; head moves only by CAS. */
+ * thieves take half from the head; head moves only by CAS where thieves
+ * may be (every runtime of more than one shard). */
 struct weft__runq {
   _Atomic uint64_t head WEFT_ALIGNED;
   _Atomic uint64_t tail WEFT_ALIGNED;
@@ -49,6 +50,10 @@ uint32_t weft__runq_len(struct weft__runq *q);
 bool weft__runq_push(struct weft__runq *q, weft__item it);
 /* Owner: pop; 0 when empty. */
 weft__item weft__runq_pop(struct weft__runq *q);
+/* Owner of a ring that no thief can reach, the one shard of a one-shard
+ * runtime (steals and take_from_stuck only take from other shards): pop
+ * with a store instead of a CAS; 0 when empty. */
+weft__item weft__runq_pop_owned(struct weft__runq *q);
 /* Owner: claim up to n items from the head into out[]; returns how many. */
 uint32_t weft__runq_grab(struct weft__runq *q, weft__item *out, uint32_t n);
 /* Thief: move half of victim's items into dst (which the thief owns and

@@ -91,11 +91,16 @@ static uint32_t xorshift(uint32_t *s) {
   return *s = x;
 }
 
+/* The holder's pop: with one shard nobody steals from its rings. */
+static inline weft__item pop_own(weft_rt *rt, struct weft__runq *q) {
+  return rt->nshards == 1 ? weft__runq_pop_owned(q) : weft__runq_pop(q);
+}
+
 static weft__item steal(weft_rt *rt, struct weft__shard *sh) {
   weft__serve_all(rt, sh);
-  weft__item own = weft__runq_pop(&sh->prq);
+  weft__item own = pop_own(rt, &sh->prq);
   if (!own)
-    own = weft__runq_pop(&sh->rq);
+    own = pop_own(rt, &sh->rq);
   if (own)
     return own;
   unsigned n = rt->nshards;
@@ -146,11 +151,11 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
   if (io)
     weft__io_poll(sh, io,
                   !weft__runq_len(&sh->rq) && !weft__runq_len(&sh->prq));
-  if ((it = weft__runq_pop(&sh->prq)))
+  if ((it = pop_own(rt, &sh->prq)))
     return it;
   if (++sh->tick % 61 == 0 && (it = take_inject(rt, sh)))
     return it;
-  if ((it = weft__runq_pop(&sh->rq)))
+  if ((it = pop_own(rt, &sh->rq)))
     return it;
   return take_inject(rt, sh);
 }
