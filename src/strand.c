@@ -168,14 +168,25 @@ void weft_strand_release(weft_strand *s) {
  * relaxed increment cannot revive a strand whose count reached 0. The
  * decrement is acq_rel, so the thread that takes it to 0 sees every
  * access made under the other references (the posts of completions
- * included) before it retires the strand. */
+ * included) before it retires the strand.
+ * The last reference needs no decrement: a caller that reads 1 holds the
+ * only one, and no other thread can take a hold (that needs a reference
+ * of its own) or drop one (there is none), so the count cannot change
+ * under it and nothing reads it after the retire. The load is an acquire
+ * for the same reason the decrement is one: the holders' decrements it
+ * reads (release, each in the count's release sequence) and what they did
+ * before them happen-before the retire. A strand without operations in
+ * flight is thus released with no read-modify-write at all. */
 void weft__strand_hold(weft_strand *s) {
   if (s)
     weft__fetch_add(&s->refs, 1, WA_RLX);
 }
 
 void weft__strand_unhold(weft_strand *s) {
-  if (s && weft__fetch_sub(&s->refs, 1, WA_AR) == 1)
+  if (!s)
+    return;
+  if (weft__load(&s->refs, WA_ACQ) == 1 ||
+      weft__fetch_sub(&s->refs, 1, WA_AR) == 1)
     strand_retire(s);
 }
 
