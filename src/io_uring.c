@@ -56,6 +56,22 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+/* ThreadSanitizer models descriptors: a close it does not see leaves the
+ * number open in its model, and the next open of that number on another
+ * thread (the monitor's /proc reads, a socketpair) is reported as a data
+ * race on it. A close made by the ring is one it cannot see, so TSan
+ * builds announce it through the sanitizer's own syscall hook (libtsan
+ * exports it; only clang ships the header), before the entry is queued:
+ * nothing here uses the descriptor after that. */
+#ifdef WEFT_TSAN
+void __sanitizer_syscall_pre_impl_close(long fd);
+static inline void tsan_closing(int fd) {
+  __sanitizer_syscall_pre_impl_close(fd);
+}
+#else
+static inline void tsan_closing(int fd) { (void)fd; }
+#endif
+
 #ifndef IORING_ACCEPT_DONTWAIT
 #define IORING_ACCEPT_DONTWAIT (1u << 1) /* 6.10; liburing 2.3 predates it */
 #endif
@@ -504,6 +520,7 @@ int weft__uring_file(struct weft__io *io, const struct weft__fileop *op,
     io_uring_prep_openat(sqe, op->fd, op->path, op->flags, op->mode);
     break;
   case WEFT_FOP_CLOSE:
+    tsan_closing(op->fd);
     io_uring_prep_close(sqe, op->fd);
     break;
   default: /* WEFT_FOP_STATX */
@@ -552,6 +569,7 @@ bool weft__uring_close(struct weft__io *io, int fd) {
   struct io_uring_sqe *sqe = weft__uring_sqe(io);
   if (!sqe)
     return false;
+  tsan_closing(fd);
   io_uring_prep_close(sqe, fd);
   io_uring_sqe_set_data64(sqe, UD_QUIET);
   io->close_n++;
