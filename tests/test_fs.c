@@ -454,8 +454,8 @@ static void *opener(void *arg) {
 
 static void s_close_all(step *p) {
   for (unsigned i = 0; i < 2 * NPAIRS; i++)
-    acc(p, weft_fs_close(p->c->rt, p->c->s, g_close_fds[i], op_done,
-                         next_op(p)));
+    acc(p,
+        weft_fs_close(p->c->rt, p->c->s, g_close_fds[i], op_done, next_op(p)));
 }
 
 static void test_ring_close_reuse(void **state) {
