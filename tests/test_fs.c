@@ -79,6 +79,13 @@ static void op_done(void *arg, long result) {
   tu_event_add(&o->c->ev, 1);
 }
 
+/* A runtime, a strand on it, and the callbacks' event. */
+static void ctx_init(ctx *c) {
+  c->rt = rt_make();
+  tu_strand_create(c->rt, &c->s);
+  tu_event_init(&c->ev);
+}
+
 /* Runs fn(arg) on the strand (or, with outside, on this thread), then waits
  * for want callbacks in all. */
 typedef struct step {
@@ -209,9 +216,7 @@ static void s_read_closed(step *p) {
 
 static void round_trip(bool outside) {
   ctx c;
-  c.rt = rt_make();
-  tu_strand_create(c.rt, &c.s);
-  tu_event_init(&c.ev);
+  ctx_init(&c);
   static step p;
   memset(&p, 0, sizeof p);
   p.c = &c;
@@ -327,9 +332,7 @@ static void test_errors(void **state) {
   (void)state;
   tu_reset_async_errors();
   ctx c;
-  c.rt = rt_make();
-  tu_strand_create(c.rt, &c.s);
-  tu_event_init(&c.ev);
+  ctx_init(&c);
   static step p;
   memset(&p, 0, sizeof p);
   p.c = &c;
@@ -395,9 +398,7 @@ static void test_release_pending(void **state) {
   tu_reset_async_errors();
   for (int outside = 0; outside < 2; outside++) {
     ctx c;
-    c.rt = rt_make();
-    tu_strand_create(c.rt, &c.s);
-    tu_event_init(&c.ev);
+    ctx_init(&c);
     int pfd[2];
     assert_int_equal(pipe2(pfd, O_CLOEXEC), 0);
     static step p;
@@ -462,9 +463,7 @@ static void test_ring_close_reuse(void **state) {
   (void)state;
   tu_reset_async_errors();
   ctx c;
-  c.rt = rt_make();
-  tu_strand_create(c.rt, &c.s);
-  tu_event_init(&c.ev);
+  ctx_init(&c);
   atomic_store_explicit(&g_opener_stop, false, memory_order_relaxed);
   pthread_t t;
   assert_int_equal(pthread_create(&t, NULL, opener, NULL), 0);
@@ -505,9 +504,7 @@ static void test_shutdown(void **state) {
   assert_true(fd >= 0);
   assert_int_equal(ftruncate(fd, 200 * 4096), 0);
   ctx c;
-  c.rt = rt_make();
-  tu_strand_create(c.rt, &c.s);
-  tu_event_init(&c.ev);
+  ctx_init(&c);
   static step p;
   memset(&p, 0, sizeof p);
   p.c = &c;
