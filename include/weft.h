@@ -627,7 +627,8 @@ WEFT_API long weft_rt_metrics(weft_rt *rt, int format, char *buf, size_t len);
  *               runnable-to-running latency. Strands are sampled: one
  *               post in 16 (per posting thread) that finds its strand
  *               idle, and the requeues of sampled turns (below); handlers
- *               without strand all count.
+ *               without strand all count. A socket's callbacks are
+ *               measured by IO_DELAY instead.
  *  TURN         how long a run-queue item ran: a strand's turn (up to
  *               `batch` handlers) or a single handler; sampled, one
  *               item in 16 per thread.

@@ -23,8 +23,8 @@ void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
                        uint64_t bits, uint32_t gen_tag) {
   if (!weft__sock_ev_raise(s, bits, gen_tag))
     return;
-  s->queued_at = weft__ticks(); /* the post orders it before sock_run */
-  weft__node_post(s->rt, local, s->strand, &s->node[s->post_idx], false);
+  s->queued_at = weft__ticks(); /* the push orders it before the run */
+  weft__strand_push_sock(s->strand, local, &s->node[s->post_idx]);
 }
 
 void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
@@ -77,7 +77,11 @@ static void io_delay(weft_rt *rt, uint64_t queued) {
   weft__local_end(sh);
 }
 
-static void sock_run(struct weft__sock *s, unsigned idx) {
+void weft__sock_node_run(struct weft__nhead *h) {
+  unsigned idx = h->idx;
+  struct weft__sock *s =
+      (struct weft__sock *)((char *)(h - idx) -
+                            offsetof(struct weft__sock, node));
   io_delay(s->rt, s->queued_at);
   uint32_t bits = weft__sock_ev_take(s, idx);
   if (s->state == ST_DONE) {
@@ -102,9 +106,6 @@ static void sock_run(struct weft__sock *s, unsigned idx) {
     break;
   }
 }
-
-static void sock_run0(void *arg) { sock_run(arg, 0); }
-static void sock_run1(void *arg) { sock_run(arg, 1); }
 
 /* ---- life ------------------------------------------------------------------
  */
@@ -146,10 +147,9 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
   memset(s, 0, offsetof(struct weft__sock, ev));
   memset((char *)s + offsetof(struct weft__sock, ioh), 0,
          pool->objsize - offsetof(struct weft__sock, ioh));
-  for (int i = 0; i < 2; i++) {
-    s->node[i].fn = s->node[i].cancel = i ? sock_run1 : sock_run0;
-    s->node[i].arg = s;
-    s->node[i].embedded = 1;
+  for (unsigned i = 0; i < 2; i++) {
+    s->node[i].kind = WEFT_NODE_SOCK;
+    s->node[i].idx = i;
   }
   s->ioh.done = done;
   s->gen = (uint32_t)(ev >> 32);

@@ -69,9 +69,9 @@ enum {
 };
 
 struct weft__sock {
-  struct weft__node node[2]; /* node[0] first: the pool may overwrite it */
-  _Atomic uint64_t ev;       /* see the top of this file */
-  struct weft__ioh ioh;      /* its operations' and readiness's handle */
+  struct weft__nhead node[2]; /* node[0] first: the pool may overwrite it */
+  _Atomic uint64_t ev;        /* see the top of this file */
+  struct weft__ioh ioh;       /* its operations' and readiness's handle */
   uint32_t gen;
   int fd;
   /* when the event that queued the socket's node came (weft__ticks), for
@@ -144,6 +144,9 @@ void weft__conn_run(struct weft__sock *s, uint32_t bits);
 void weft__lsock_run(struct weft__sock *s, uint32_t bits);
 void weft__udp_run(struct weft__sock *s, uint32_t bits);
 void weft__proc_run(struct weft__sock *s, uint32_t bits);
+/* The strand's runner (strand.c) found node h of a socket at its queue's
+ * head: takes the socket's bits and calls its kind's handler. */
+void weft__sock_node_run(struct weft__nhead *h);
 /* Publishes s (every field set before this call), registers it for the
  * shutdown sweep and with its home shard's backend (watching output too if
  * out); -ESHUTDOWN once the runtime shuts down. */

@@ -50,6 +50,7 @@
 #include "clock.h"
 #include "rt.h"
 #include "shard.h"
+#include "sock.h"
 
 #include <errno.h>
 #include <sched.h>
@@ -65,20 +66,25 @@ static struct weft__pool_cache *node_cache(struct weft__shard *sh) {
   return sh ? &sh->cache.node : NULL;
 }
 
-/* After a node ran, while the strand is still ours: its owner (a socket,
- * sock.c) cannot be freed and reused before a later node of this strand
- * runs. Once the strand is given up, use node_release with the flag read
+/* After a node ran, while the strand is still ours: a socket's node's
+ * owner cannot be freed and reused before a later node of this strand
+ * runs. Once the strand is given up, use node_release with the kind read
  * before. */
-static inline void node_free(weft_rt *rt, struct weft__pool_cache *nc,
-                             struct weft__node *n) {
-  if (!n->embedded)
-    weft__pool_free(&rt->node_pool, nc, n);
+static inline void node_release(weft_rt *rt, struct weft__pool_cache *nc,
+                                struct weft__nhead *h, uint32_t kind) {
+  if (kind == WEFT_NODE_HANDLER)
+    weft__pool_free(&rt->node_pool, nc, h);
 }
 
-static inline void node_release(weft_rt *rt, struct weft__pool_cache *nc,
-                                struct weft__node *n, bool embedded) {
-  if (!embedded)
-    weft__pool_free(&rt->node_pool, nc, n);
+static inline void node_free(weft_rt *rt, struct weft__pool_cache *nc,
+                             struct weft__nhead *h) {
+  node_release(rt, nc, h, h->kind);
+}
+
+/* What runs h: for the stall report and the flight recorder. */
+static inline void *node_fn(struct weft__nhead *h) {
+  return h->kind == WEFT_NODE_HANDLER ? (void *)weft__node_of(h)->fn
+                                      : (void *)weft__sock_node_run;
 }
 
 int weft_strand_create(weft_rt *rt, weft_strand **out) {
@@ -212,11 +218,12 @@ static inline uint64_t sample_stamp(void) {
  * included (bench/post: a tenth of its time in weft__node_post). */
 __attribute__((noinline)) static void strand_wake(weft_strand *s,
                                                   struct weft__shard *local,
-                                                  struct weft__node *n,
+                                                  struct weft__nhead *h,
                                                   bool prio) {
-  s->head = n;
+  s->head = h;
   s->ran = NULL;
-  n->queued = sample_stamp();
+  if (h->kind == WEFT_NODE_HANDLER)
+    weft__node_of(h)->queued = sample_stamp();
   if (prio)
     weft__schedule_prio(s->rt, local, (weft__item)s);
   else
@@ -235,7 +242,7 @@ __attribute__((noinline)) static void node_schedule(weft_rt *rt,
 }
 
 static void strand_push(weft_strand *s, struct weft__shard *local,
-                        struct weft__node *n, bool prio) {
+                        struct weft__nhead *h, bool prio) {
 #ifdef WEFT_DEBUG
   /* Never reused in this build: a push onto a reclaimed strand is weft's
    * own bug (its sockets post without the API's check) or a post racing
@@ -246,18 +253,23 @@ static void strand_push(weft_strand *s, struct weft__shard *local,
     abort();
   }
 #endif
-  if (weft__strand_enqueue(s, n))
-    strand_wake(s, local, n, prio);
+  if (weft__strand_enqueue(s, h))
+    strand_wake(s, local, h, prio);
+}
+
+void weft__strand_push_sock(weft_strand *s, struct weft__shard *local,
+                            struct weft__nhead *h) {
+  strand_push(s, local, h, false);
 }
 
 struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
                                   weft_fn fn, weft_fn cancel, void *arg) {
   struct weft__node *n = weft__pool_alloc(&rt->node_pool, node_cache(local));
   if (n) {
+    n->h.kind = WEFT_NODE_HANDLER;
     n->fn = fn;
     n->cancel = cancel;
     n->arg = arg;
-    n->embedded = 0;
   }
   return n;
 }
@@ -265,7 +277,7 @@ struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
 void weft__node_post(weft_rt *rt, struct weft__shard *local, weft_strand *s,
                      struct weft__node *n, bool prio) {
   if (s)
-    strand_push(s, local, n, prio);
+    strand_push(s, local, &n->h, prio);
   else
     node_schedule(rt, local, n, prio);
 }
@@ -324,9 +336,16 @@ int weft_post_rt(weft_rt *rt, weft_fn fn, void *arg) {
   return weft_post_rt_ex(rt, fn, NULL, arg);
 }
 
-/* Runs or cancels one node; returns 1 if it ran, 0 if it was cancelled. */
-static inline int invoke(weft_rt *rt, struct weft__node *n) {
-  if (__builtin_expect(weft__load(&rt->life.cancelling, WA_RLX) != 0, 0)) {
+/* Runs or cancels one node; returns 1 if it ran, 0 if it was cancelled.
+ * A socket's node runs either way: its kind's handler sees the shutdown. */
+static inline int invoke(weft_rt *rt, struct weft__nhead *h) {
+  bool cancelling = weft__load(&rt->life.cancelling, WA_RLX) != 0;
+  if (h->kind != WEFT_NODE_HANDLER) {
+    weft__sock_node_run(h);
+    return !cancelling;
+  }
+  struct weft__node *n = weft__node_of(h);
+  if (__builtin_expect(cancelling, 0)) {
     if (n->cancel)
       n->cancel(n->arg);
     return 0;
@@ -360,9 +379,11 @@ static void count(weft_rt *rt, struct weft__shard *sh, int ran) {
  * node was would measure every later turn of a busy strand: sampling
  * would end at its first sample. */
 static uint64_t item_begin(struct weft__thread *self, struct weft__shard *sh,
-                           struct weft__node *n, weft_strand *s,
+                           struct weft__nhead *h, weft_strand *s,
                            bool *sampled) {
   *sampled = ++self->sample_skip % WEFT_HIST_SAMPLE == 0;
+  struct weft__node *n =
+      h && h->kind == WEFT_NODE_HANDLER ? weft__node_of(h) : NULL;
   bool stamped = n && n->queued;
   if (!*sampled && !stamped && !weft__tracing())
     return 0;
@@ -370,7 +391,7 @@ static uint64_t item_begin(struct weft__thread *self, struct weft__shard *sh,
   if (stamped)
     weft__hist_add(&sh->hist[WEFT_HIST_SCHED_DELAY],
                    weft__span_ns(n->queued, t0));
-  weft__trace_at(t0, WEFT_EV_RUN, sh->idx, (uintptr_t)(n ? n->fn : NULL),
+  weft__trace_at(t0, WEFT_EV_RUN, sh->idx, (uintptr_t)(h ? node_fn(h) : NULL),
                  (uintptr_t)s);
   return t0;
 }
@@ -410,12 +431,12 @@ void weft__node_run(struct weft__shard *sh, struct weft__node *n) {
   unsigned idx = sh->idx;
   struct weft__thread *self = weft__self();
   bool sampled;
-  uint64_t t0 = item_begin(self, sh, n, NULL, &sampled);
+  uint64_t t0 = item_begin(self, sh, &n->h, NULL, &sampled);
   weft__handler_enter(self, (void *)n->fn, NULL);
-  int ran = invoke(rt, n);
+  int ran = invoke(rt, &n->h);
   sh = weft__handler_leave(self);
   item_end(rt, sh, idx, t0, 0, 1, sampled);
-  node_free(rt, node_cache(sh), n);
+  node_free(rt, node_cache(sh), &n->h);
   count(rt, sh, ran);
 }
 
@@ -431,7 +452,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   weft_rt *rt = sh->rt;
   struct weft__thread *self = weft__self();
   unsigned budget = rt->batch;
-  struct weft__node *n = s->head;
+  struct weft__nhead *n = s->head;
   unsigned idx = sh->idx, handlers = 0;
   bool sampled;
   uint64_t t0 = item_begin(self, sh, n, s, &sampled), t1 = 0;
@@ -453,7 +474,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   sh->yield_turn = false;
   int lost_ran = -1;
   for (;;) {
-    weft__handler_enter(self, (void *)n->fn, s);
+    weft__handler_enter(self, node_fn(n), s);
     int ran = invoke(rt, n);
     /* NULL: the monitor handed our shard to another thread while this
      * handler ran; from here on this thread is outside the runtime. */
@@ -464,15 +485,15 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
     else
       lost_ran = ran; /* counted at the end: count() ends our part */
     struct weft__pool_cache *nc = node_cache(sh);
-    struct weft__node *next = weft__strand_next(n);
+    struct weft__nhead *next = weft__strand_next(n);
     if (!next) {
-      /* Read while s is ours: once idle, an embedded node's owner may be
+      /* Read while s is ours: once idle, a socket's node's owner may be
        * freed and reused by the strand's next drainer. */
       bool self_released = s->self_released;
-      bool embedded = n->embedded;
+      uint32_t kind = n->kind;
       enum weft__strand_end end = weft__strand_try_idle(s, n);
       if (end != WEFT_STRAND_CUT) {
-        node_release(rt, nc, n, embedded);
+        node_release(rt, nc, n, kind);
         /* idle and self-released: nobody may push any more */
         if (end == WEFT_STRAND_RECLAIM || self_released)
           strand_reclaim(s);
@@ -496,7 +517,9 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
       /* Budget spent (requeue at the back), or shard lost (the strand
        * goes to the inject queue for a thread that holds one). */
       s->head = n;
-      n->queued = t1 = sampled ? weft__ticks() : 0;
+      t1 = sampled ? weft__ticks() : 0;
+      if (n->kind == WEFT_NODE_HANDLER)
+        weft__node_of(n)->queued = t1;
       weft__schedule(rt, sh, (weft__item)s);
       break;
     }

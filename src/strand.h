@@ -11,23 +11,40 @@
 
 #include <errno.h>
 
-/* A handler node: 48 bytes, carved 64 apart (pool.c). In a strand's queue
- * `link.next` holds the next node (untagged); in the inject queue it holds
- * the next item (tagged). An embedded node lives inside another object (a
- * socket, sock.c) and is not returned to the pool after it ran. */
-struct weft__node {
+/* What a strand's queue holds: a link and what kind of node it is. A
+ * handler node (below) starts with one; a socket's two nodes are one alone
+ * (sock.h), 16 bytes where a handler node takes a line, and run by
+ * weft__sock_node_run. In a strand's queue `link.next` holds the next
+ * node's head (untagged); in the inject queue, the next item (tagged).
+ * Both fill the 16 bytes a pool overwrites in a free object (pool.c): a
+ * node's kind is set whenever it is made. */
+enum { WEFT_NODE_HANDLER = 0, WEFT_NODE_SOCK = 1 };
+struct weft__nhead {
   struct weft__link link;
+  uint32_t kind; /* WEFT_NODE_HANDLER or WEFT_NODE_SOCK */
+  uint32_t idx;  /* a socket's node: which of its two */
+};
+
+/* A handler node: 48 bytes, carved 64 apart (pool.c), returned to the
+ * pool once it ran. */
+struct weft__node {
+  struct weft__nhead h;
   weft_fn fn;
   weft_fn cancel;
   void *arg;
-  uint32_t embedded;
   /* When it became runnable (weft__ticks), for WEFT_HIST_SCHED_DELAY, or
    * 0 if that is not measured: set on a node without strand when it is
    * posted, and on the node at the head of a strand's queue when the
    * strand is scheduled, for one in WEFT_HIST_SAMPLE (strand.c);
-   * meaningless elsewhere. */
+   * meaningless elsewhere. A socket's node has none: its run is measured
+   * from the event that queued it (WEFT_HIST_IO_DELAY, sock.c). */
   uint64_t queued;
 };
+
+/* h is a handler node's head (its kind says so). */
+static inline struct weft__node *weft__node_of(struct weft__nhead *h) {
+  return (struct weft__node *)h;
+}
 
 #define WEFT_STRAND_MAGIC 0x57465354u /* "WFST" */
 #define WEFT_STRAND_DEAD 0x44454144u  /* "DEAD" */
@@ -38,10 +55,10 @@ struct weft__node {
  *   tail == node       busy: scheduled or running; node is the newest
  *   tail == node | 1   busy and released: reclaim when drained */
 struct weft_strand {
-  struct weft__link qlink; /* inject-queue link; must stay first */
-  _Atomic uintptr_t tail;  /* see above; pushers exchange it */
-  struct weft__node *head; /* drainer only: next node to run */
-  struct weft__node *ran;  /* drainer only: ran, successor unlinked */
+  struct weft__link qlink;  /* inject-queue link; must stay first */
+  _Atomic uintptr_t tail;   /* see above; pushers exchange it */
+  struct weft__nhead *head; /* drainer only: next node to run */
+  struct weft__nhead *ran;  /* drainer only: ran, successor unlinked */
   weft_rt *rt;
   _Atomic uint32_t released; /* set by weft_strand_release */
   uint32_t magic;
@@ -65,27 +82,27 @@ struct weft_strand {
 
 /* Any thread: queues n on s. True: s was idle and this caller alone made
  * it busy, so it must schedule s with n at its head. */
-static inline bool weft__strand_enqueue(weft_strand *s, struct weft__node *n) {
+static inline bool weft__strand_enqueue(weft_strand *s, struct weft__nhead *n) {
   weft__store(&n->link.next, 0, WA_RLX);
   uintptr_t prev = weft__xchg(&s->tail, (uintptr_t)n, WA_AR);
   if (prev == 0)
     return true;
-  struct weft__node *p = (struct weft__node *)(prev & ~WEFT_STRAND_RELEASED);
+  struct weft__nhead *p = (struct weft__nhead *)(prev & ~WEFT_STRAND_RELEASED);
   weft__store(&p->link.next, (uintptr_t)n, WA_REL);
   return false;
 }
 
 /* The drainer: n's successor, or NULL if none is linked yet. */
-static inline struct weft__node *weft__strand_next(struct weft__node *n) {
-  return (struct weft__node *)weft__load(&n->link.next, WA_ACQ);
+static inline struct weft__nhead *weft__strand_next(struct weft__nhead *n) {
+  return (struct weft__nhead *)weft__load(&n->link.next, WA_ACQ);
 }
 
 /* The drainer: waits up to spins pauses for n's successor to be linked
  * (a push between its exchange and its link); NULL if still cut. */
-static inline struct weft__node *weft__strand_wait_link(struct weft__node *n,
-                                                        int spins) {
+static inline struct weft__nhead *weft__strand_wait_link(struct weft__nhead *n,
+                                                         int spins) {
   for (int i = 0; i < spins; i++) {
-    struct weft__node *next = weft__strand_next(n);
+    struct weft__nhead *next = weft__strand_next(n);
     if (next)
       return next;
     weft__cpu_relax();
@@ -101,7 +118,7 @@ enum weft__strand_end {
 
 /* The drainer ran n and found no successor linked. */
 static inline enum weft__strand_end
-weft__strand_try_idle(weft_strand *s, struct weft__node *n) {
+weft__strand_try_idle(weft_strand *s, struct weft__nhead *n) {
   uintptr_t expect = (uintptr_t)n;
   if (weft__cas(&s->tail, &expect, 0, WA_AR, WA_ACQ))
     return WEFT_STRAND_IDLE;
@@ -160,6 +177,9 @@ struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
  * worker if s is NULL; prio: a timer firing (the shard's priority ring). */
 void weft__node_post(weft_rt *rt, struct weft__shard *local, weft_strand *s,
                      struct weft__node *n, bool prio);
+/* Queues a socket's node h on s (sock.c), already accepted. */
+void weft__strand_push_sock(weft_strand *s, struct weft__shard *local,
+                            struct weft__nhead *h);
 /* Run-loop side: runs a node posted without strand, or a strand's turn. */
 void weft__node_run(struct weft__shard *sh, struct weft__node *n);
 void weft__strand_run(struct weft__shard *sh, weft_strand *s);

@@ -37,8 +37,8 @@
 
 /* An idle connection's memory is mostly this (tcp.h), a simulation's
  * (sim.h) too: the ports of its TCP addresses fill holes. */
-_Static_assert(sizeof(struct weft__conn) <= 5 * WEFT_CACHELINE,
-               "a connection is five cache lines at most");
+_Static_assert(sizeof(struct weft__conn) <= 4 * WEFT_CACHELINE,
+               "a connection is four cache lines at most");
 
 #define READ_MAX ((size_t)1 << 30)
 

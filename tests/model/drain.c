@@ -13,12 +13,12 @@
 
 weft_strand drain_strand;
 static struct weft__inject runnable;
-static void (*on_node)(struct weft__node *);
+static void (*on_node)(struct weft__nhead *);
 static void (*on_reclaim)(void);
 static unsigned in_strand;
 static bool reclaimed;
 
-void drain_setup(void (*run_node)(struct weft__node *n),
+void drain_setup(void (*run_node)(struct weft__nhead *n),
                  void (*reclaim)(void)) {
   memset(&drain_strand, 0, sizeof(drain_strand));
   weft__inject_init(&runnable);
@@ -46,7 +46,7 @@ static void schedule(void) {
   weft__inject_push(&runnable, &it, 1);
 }
 
-void drain_post(struct weft__node *n) {
+void drain_post(struct weft__nhead *n) {
   drain_touch();
   if (weft__strand_enqueue(&drain_strand, n)) {
     drain_strand.head = n;
@@ -69,7 +69,7 @@ static void leave(void) { in_strand--; }
 static void turn(void) {
   drain_touch();
   enter();
-  struct weft__node *n = drain_strand.head;
+  struct weft__nhead *n = drain_strand.head;
   if (!n) {
     n = weft__strand_wait_link(drain_strand.ran, LINK_SPINS);
     if (!n) {
@@ -81,7 +81,7 @@ static void turn(void) {
   }
   for (unsigned budget = BUDGET;;) {
     on_node(n);
-    struct weft__node *next = weft__strand_next(n);
+    struct weft__nhead *next = weft__strand_next(n);
     if (!next) {
       leave();
       enum weft__strand_end end = weft__strand_try_idle(&drain_strand, n);

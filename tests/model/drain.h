@@ -16,10 +16,11 @@ extern weft_strand drain_strand;
 
 /* Before a run: an idle strand whose nodes run through run_node; reclaim
  * (NULL: none expected) when a release's drain ends. */
-void drain_setup(void (*run_node)(struct weft__node *n), void (*reclaim)(void));
+void drain_setup(void (*run_node)(struct weft__nhead *n),
+                 void (*reclaim)(void));
 void drain_teardown(void);
 /* Queues n on the strand, scheduling it if it was idle (weft__node_post). */
-void drain_post(struct weft__node *n);
+void drain_post(struct weft__nhead *n);
 /* Takes the strand from the queue and runs one turn; false if it was not
  * queued. */
 bool drain_turn(void);

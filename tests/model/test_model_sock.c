@@ -7,7 +7,7 @@
  * and completions, a close from another thread, a kick), with the
  * generation of the socket's life or a stale one, and push the node
  * post_idx names when their raise queued it; the socket's node runs as
- * sock_run does, hands the bits to a kind that frees the socket on
+ * weft__sock_node_run does, hands the bits to a kind that frees the socket on
  * EV_CLOSE, as weft__sock_free does: by the next generation if no node is
  * queued, else the queued node's run frees it.
  *
@@ -25,7 +25,7 @@
 #define STALE_GEN 7 /* a readiness event for an earlier life */
 
 static struct weft__sock sock;
-static struct weft__node final_node; /* the free's pooled node */
+static struct weft__node final_node; /* the free's handler node */
 static bool queued[2], seen_in, freed;
 static _Atomic unsigned signallers_done;
 static unsigned nsignallers;
@@ -54,7 +54,7 @@ static void sock_free(void) {
     sock.free_pending = true;
     return;
   }
-  drain_post(&final_node);
+  drain_post(&final_node.h);
 }
 
 /* The kind's handler: frees the socket on EV_CLOSE. */
@@ -68,15 +68,16 @@ static void kind_run(uint32_t bits) {
   }
 }
 
-/* sock_run, and the free's pooled node */
-static void run_node(struct weft__node *n) {
-  if (n == &final_node) {
+/* weft__sock_node_run, and the free's handler node */
+static void run_node(struct weft__nhead *n) {
+  if (n == &final_node.h) {
     really_free();
     return;
   }
   MODEL_CHECK(n == &sock.node[0] || n == &sock.node[1], "a foreign node");
   MODEL_CHECK(!freed, "a node of a freed socket ran");
-  unsigned idx = n == &sock.node[1];
+  unsigned idx = n->idx;
+  MODEL_CHECK(n == &sock.node[idx], "node %u holds a wrong index", idx);
   MODEL_CHECK(queued[idx], "node %u ran without being pushed", idx);
   queued[idx] = false;
   uint32_t bits = weft__sock_ev_take(&sock, idx);
@@ -118,8 +119,10 @@ static void drainer(int id) {
 static void setup_common(unsigned signallers) {
   memset(&sock, 0, sizeof(sock));
   memset(&final_node, 0, sizeof(final_node));
-  for (int i = 0; i < 2; i++)
-    sock.node[i].embedded = 1;
+  for (unsigned i = 0; i < 2; i++) {
+    sock.node[i].kind = WEFT_NODE_SOCK;
+    sock.node[i].idx = i;
+  }
   sock.state = ST_OPEN;
   queued[0] = queued[1] = false;
   seen_in = freed = false;

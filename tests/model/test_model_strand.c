@@ -18,14 +18,14 @@
 #define PER_POSTER 2
 #define NODES (POSTERS * PER_POSTER)
 
-static struct weft__node node[NODES];
+static struct weft__nhead node[NODES];
 static unsigned ran[NODES];
 static int last_ran[POSTERS];
 static unsigned reclaimed;
 static _Atomic unsigned total_ran, posters_done;
 static bool release_it; /* the case releases the strand */
 
-static unsigned node_idx(struct weft__node *n) {
+static unsigned node_idx(struct weft__nhead *n) {
   MODEL_CHECK(n >= node && n < node + NODES, "a foreign node %p", (void *)n);
   return (unsigned)(n - node);
 }
@@ -38,7 +38,7 @@ static void on_reclaim(void) {
 }
 
 /* The handler: node i of poster i / PER_POSTER. */
-static void run_node(struct weft__node *n) {
+static void run_node(struct weft__nhead *n) {
   unsigned i = node_idx(n), p = i / PER_POSTER;
   MODEL_CHECK(ran[i] == 0, "node %u ran twice", i);
   MODEL_CHECK((int)i > last_ran[p], "poster %u's node %u ran after %d", p, i,

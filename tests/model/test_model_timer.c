@@ -80,6 +80,7 @@ struct weft__node *weft__node_new(weft_rt *rt, struct weft__shard *local,
                                   weft_fn fn, weft_fn cancel, void *arg) {
   (void)rt, (void)local;
   struct weft__node *n = arena_alloc();
+  n->h.kind = WEFT_NODE_HANDLER;
   n->fn = fn;
   n->cancel = cancel;
   n->arg = arg;
@@ -90,7 +91,7 @@ void weft__node_post(weft_rt *rt, struct weft__shard *local, weft_strand *s,
                      struct weft__node *n, bool prio) {
   (void)rt, (void)local, (void)prio;
   MODEL_CHECK(s == &drain_strand, "a firing for a foreign strand");
-  drain_post(n);
+  drain_post(&n->h);
 }
 
 int weft__busy_enter(weft_rt *rt) {
@@ -153,7 +154,10 @@ static void on_b(void *arg, int status, uint64_t missed) {
 }
 
 /* The firing's node: run as strand.c's invoke does. */
-static void run_node(struct weft__node *n) { n->fn(n->arg); }
+static void run_node(struct weft__nhead *h) {
+  struct weft__node *n = weft__node_of(h);
+  n->fn(n->arg);
+}
 
 /* Serves the wheel a few times, the clock moving a spin each time. */
 static void server(int id) {
@@ -187,7 +191,7 @@ static void call(weft_fn fn) {
   weft__cpu_relax();
   if (on_strand) {
     op_node.fn = fn;
-    drain_post(&op_node);
+    drain_post(&op_node.h);
   } else {
     fn(NULL);
   }
