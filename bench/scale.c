@@ -17,6 +17,9 @@
  *    once all have run (the array of N pointers is faulted in before).
  *  churn: N times create, post one handler, release at once, the handlers
  *    running as the loop goes: strand_churn_ns.
+ * The strands' floor, in the same run: the same lives of N lines with no
+ *  runtime (measure_strand_floor): floor_strand_ns (held) and
+ *  floor_strand_churn_ns, which say what holding N costs by itself.
  * Timers (--timers N, default 1 million), for P pending = 10^3, 10^5, 10^6
  *  (those not above N): P timers (no strand) armed between 1 s and 1 h
  *  ahead (a fixed-seed xorshift), then, in windows of P/2 that walk the
@@ -367,6 +370,105 @@ static struct timer_figures measure_floor(long max) {
   return f;
 }
 
+/* The strands' floor: the same lives with no runtime (no queue, no
+ * scheduling, no clock), to tell what holding N of them costs any design
+ * that gives a strand a line of its own. A strand is one line taken from a
+ * LIFO free list, as weft's pool gives them; create writes its fields, a
+ * post links a node (one hot line, as weft's node is freed after its run
+ * and reused), a run unlinks it, and release reads the line again and
+ * frees it. held: a chunk's creates and posts, then its runs, as
+ * measure_strands' chunks; then all released in the same order; twice,
+ * the second round timed (floor_strand_ns). churn: one strand at a time
+ * (floor_strand_churn_ns). held minus churn is what the lines cost when
+ * N are held: two misses per strand (the free list's pop, the release). */
+struct fstrand {
+  struct fstrand *next;
+  struct fstrand *tail, *head;
+  void *owner;
+  uint32_t home, refs, magic, released;
+} __attribute__((aligned(64)));
+
+struct ffloor {
+  struct fstrand *free, node;
+  long ran;
+};
+
+static __attribute__((noinline)) struct fstrand *
+ff_create_post(struct ffloor *f) {
+  struct fstrand *s = f->free;
+  f->free = s->next;
+  s->next = NULL;
+  s->owner = f;
+  s->home = 0;
+  s->refs = 1;
+  s->magic = 0x57465354;
+  s->released = 0;
+  f->node.next = NULL;
+  s->tail = s->head = &f->node;
+  return s;
+}
+
+static __attribute__((noinline)) void ff_run(struct ffloor *f,
+                                             struct fstrand *s) {
+  if (s->head == &f->node)
+    f->ran++;
+  s->head = s->tail = NULL;
+}
+
+static __attribute__((noinline)) void ff_release(struct ffloor *f,
+                                                 struct fstrand *s) {
+  if (s->tail || s->refs != 1) {
+    fprintf(stderr, "scale: the strands' floor lost a run\n");
+    exit(1);
+  }
+  s->magic = 0;
+  s->next = f->free;
+  f->free = s;
+}
+
+static uint64_t ff_held_round(struct ffloor *f, struct fstrand **held, long n) {
+  uint64_t t0 = bench_now_ns();
+  for (long c = 0; c < n; c += STRAND_CHUNK) {
+    long end = c + STRAND_CHUNK < n ? c + STRAND_CHUNK : n;
+    for (long i = c; i < end; i++)
+      held[i] = ff_create_post(f);
+    for (long i = c; i < end; i++)
+      ff_run(f, held[i]);
+  }
+  for (long i = 0; i < n; i++)
+    ff_release(f, held[i]);
+  return bench_now_ns() - t0;
+}
+
+static void measure_strand_floor(long n, double *held_ns, double *churn_ns) {
+  struct ffloor f = {0};
+  struct fstrand *lines = aligned_alloc(64, (size_t)n * sizeof(*lines));
+  struct fstrand **held = alloc_faulted((size_t)n * sizeof(*held));
+  if (!lines) {
+    fprintf(stderr, "scale: out of memory for the strands' floor\n");
+    exit(1);
+  }
+  for (long i = n - 1; i >= 0; i--) { /* popped in address order */
+    lines[i].next = f.free;
+    f.free = &lines[i];
+  }
+  ff_held_round(&f, held, n); /* the first touch of the lines */
+  *held_ns = (double)ff_held_round(&f, held, n) / (double)n;
+  uint64_t t0 = bench_now_ns();
+  for (long i = 0; i < n; i++) {
+    struct fstrand *s = ff_create_post(&f);
+    ff_run(&f, s);
+    ff_release(&f, s);
+  }
+  *churn_ns = (double)(bench_now_ns() - t0) / (double)n;
+  if (f.ran != 3 * n) {
+    fprintf(stderr, "scale: the strands' floor lost a run\n");
+    exit(1);
+  }
+  free(held);
+  free(lines);
+}
+
 /* Runs a peer and returns its last line (malloc'd), or NULL. */
 static char *run_peer(const char *name, long strands_n, long timers_n) {
   char path[4096], sn[32], tn[32];
@@ -422,6 +524,8 @@ int main(int argc, char **argv) {
     return 2;
   }
   struct strand_figures s = measure_strands(nstrands);
+  double floor_held_ns, floor_churn_ns;
+  measure_strand_floor(nstrands, &floor_held_ns, &floor_churn_ns);
   struct timer_figures t = measure_timers(ntimers);
   struct timer_figures fl = measure_floor(ntimers);
 
@@ -432,6 +536,7 @@ int main(int argc, char **argv) {
   printf("weft: %ld strands: %.1f bytes, %.1f ns held (%.1f ns cold), "
          "%.1f ns churn\n",
          nstrands, s.bytes, s.ns, s.cold_ns, s.churn_ns);
+  printf("floor: %.1f ns held, %.1f ns churn\n", floor_held_ns, floor_churn_ns);
   printf("weft: timers: %.1f bytes at %ld pending\n", t.bytes,
          sizes[t.nsizes - 1]);
   for (int k = 0; k < t.nsizes; k++)
@@ -446,8 +551,10 @@ int main(int argc, char **argv) {
 
   printf("{\"bench\":\"scale\",\"strands\":%ld,\"timers\":%ld,"
          "\"strand_bytes\":%.2f,\"strand_ns\":%.2f,\"strand_cold_ns\":%.2f,"
-         "\"strand_churn_ns\":%.2f,\"timer_bytes\":%.2f",
-         nstrands, ntimers, s.bytes, s.ns, s.cold_ns, s.churn_ns, t.bytes);
+         "\"strand_churn_ns\":%.2f,\"floor_strand_ns\":%.2f,"
+         "\"floor_strand_churn_ns\":%.2f,\"timer_bytes\":%.2f",
+         nstrands, ntimers, s.bytes, s.ns, s.cold_ns, s.churn_ns, floor_held_ns,
+         floor_churn_ns, t.bytes);
   for (int k = 0; k < t.nsizes; k++)
     printf(",\"timer_start_ns_%s\":%.2f,\"timer_cancel_ns_%s\":%.2f",
            size_names[k], t.start_ns[k], size_names[k], t.cancel_ns[k]);
