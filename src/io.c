@@ -203,11 +203,11 @@ int weft__io_init(weft_rt *rt, int backend) {
     return -ENOMEM;
   rt->io.backend = backend;
   /* WEFT_URING_ACCEPT=poll keeps listeners on poll and accept4(2) where
-   * the kernel has ring accepts that never wait (listen.c): the older
-   * kernels' path, for tests. */
+   * the kernel has multishot accepts and synchronous cancels (listen.c):
+   * the older kernels' path, for tests. */
   const char *e = getenv("WEFT_URING_ACCEPT");
   rt->io.ring_accept = backend == WEFT_BACKEND_URING &&
-                       weft__uring_accept_nowait() &&
+                       weft__uring_accept_multishot() &&
                        !(e && !strcmp(e, "poll"));
   /* WEFT_URING_FILES=pool sends file operations to the blocking pool as
    * on epoll: that path, for tests. */
@@ -423,6 +423,13 @@ int weft__io_accept(struct weft__shard *sh, int fd, int flags,
   return io ? queued(sh, weft__uring_accept(io, fd, flags, h, hold),
                      WEFT_OP_ACCEPT, fd)
             : -EAGAIN;
+}
+
+int weft__io_cancel_sync(struct weft__io *io, struct weft__ioh *h, unsigned op,
+                         uint64_t timeout_ns) {
+  if (!io || io->kind != WEFT_BACKEND_URING)
+    return -ENOTSUP;
+  return weft__uring_cancel_sync(io, (uint64_t)(uintptr_t)h | op, timeout_ns);
 }
 
 int weft__io_cancel(struct weft__shard *sh, struct weft__ioh *h, unsigned op,

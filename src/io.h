@@ -33,7 +33,7 @@ enum {
   WEFT_OP_RECVM,    /* a multishot receive into provided buffers */
   WEFT_OP_SEND,     /* a send, or a sendmsg */
   WEFT_OP_CONNECT,
-  WEFT_OP_ACCEPT, /* an accept that never waits in the kernel */
+  WEFT_OP_ACCEPT, /* a multishot accept */
   WEFT_OP_POLL,   /* a one-shot poll (for what its owner asked) */
   WEFT_OP_FILE,   /* a file operation (struct weft__fileop) */
   WEFT_OP_QUIET   /* no handle: a cancel or close nobody waits for */
@@ -102,8 +102,7 @@ struct weft__cqe {
   uint32_t events; /* READY: WEFT_IO_* */
   uint32_t gen;    /* READY: the tag given to weft__io_watch (16 bits) */
 };
-#define WEFT_CQE_MORE 1u     /* RECVM: the receive goes on */
-#define WEFT_CQE_NONEMPTY 2u /* ACCEPT: more connections wait */
+#define WEFT_CQE_MORE 1u /* RECVM, ACCEPT: the operation goes on */
 
 #define WEFT_IO_IN 1u  /* readable, hang-up or error */
 #define WEFT_IO_OUT 2u /* writable, hang-up or error */
@@ -227,8 +226,10 @@ int weft__io_poll_fd(struct weft__shard *sh, int fd, unsigned events,
 /* A file operation, completed with its result (WEFT_OP_FILE). */
 int weft__io_file(struct weft__shard *sh, const struct weft__fileop *op,
                   struct weft__ioh *h);
-/* An accept that never waits in the kernel (rt->io.ring_accept); hold's
- * count, raised by the caller, drops once the entry has been entered. */
+/* A multishot accept (rt->io.ring_accept): a completion per connection,
+ * with WEFT_CQE_MORE while it goes on, until an error or a cancel ends
+ * it. hold's count, raised by the caller, drops once the entry has been
+ * entered: from then on weft__io_cancel_sync can find it. */
 int weft__io_accept(struct weft__shard *sh, int fd, int flags,
                     struct weft__ioh *h, struct weft__io_hold *hold);
 /* Cancels h's operation op; its completion still comes. now: enter it at
@@ -236,6 +237,13 @@ int weft__io_accept(struct weft__shard *sh, int fd, int flags,
  * The cancel's own result is not reported. */
 int weft__io_cancel(struct weft__shard *sh, struct weft__ioh *h, unsigned op,
                     bool now);
+/* Cancels h's operation op in io's ring, from any thread, which need not
+ * hold it (the one exception to the rule above): once this returns 0 the
+ * operation does nothing more, though its completion comes to its ring as
+ * usual. -ENOENT: none was in the kernel (ended, or never entered);
+ * -ETIME: not cancelled within timeout_ns; -ENOTSUP: not a ring. */
+int weft__io_cancel_sync(struct weft__io *io, struct weft__ioh *h, unsigned op,
+                         uint64_t timeout_ns);
 /* sh's backend, to tell later whether a thread holds the same one (a
  * multishot receive's ring); NULL for sh NULL. */
 static inline struct weft__io *weft__io_of(struct weft__shard *sh) {

@@ -72,10 +72,6 @@ static inline void tsan_closing(int fd) {
 static inline void tsan_closing(int fd) { (void)fd; }
 #endif
 
-#ifndef IORING_ACCEPT_DONTWAIT
-#define IORING_ACCEPT_DONTWAIT (1u << 1) /* 6.10; liburing 2.3 predates it */
-#endif
-
 /* Small: a ring costs setup time per shard at the first socket, and a full
  * SQ is just submitted early; completions beyond the CQ wait in the kernel
  * (NODROP). */
@@ -92,41 +88,41 @@ static inline uint64_t tag(struct weft__ioh *h, unsigned op) {
 }
 
 /* Set by the probe ring (once per process, as io.c caches the probe). */
-static _Atomic uint32_t accept_nowait;
+static _Atomic uint32_t accept_multishot;
 static _Atomic uint32_t files_ok;
 
 bool weft__uring_files_ok(void) { return weft__load(&files_ok, WA_ACQ) != 0; }
 
-bool weft__uring_accept_nowait(void) {
-  return weft__load(&accept_nowait, WA_ACQ) != 0;
+bool weft__uring_accept_multishot(void) {
+  return weft__load(&accept_multishot, WA_ACQ) != 0;
 }
 
-static void prep_accept(struct io_uring_sqe *sqe, int fd, int flags) {
-  io_uring_prep_accept(sqe, fd, NULL, NULL, flags);
-  sqe->ioprio |= IORING_ACCEPT_DONTWAIT;
-}
-
-/* IORING_ACCEPT_DONTWAIT came in 6.10 with IORING_CQE_F_SOCK_NONEMPTY on
- * accepts (set when more connections wait). With it, an accept of a
- * listening socket that has none waiting completes with -EAGAIN; before,
- * the flag is refused with -EINVAL. The socket: an autobound AF_UNIX one,
- * which needs no address or network. */
+/* A listener's accept is one multishot request (5.19) that fd_limit may
+ * have to end from another thread with a synchronous cancel
+ * (IORING_REGISTER_SYNC_CANCEL, 6.0): both are probed at once, on an
+ * autobound AF_UNIX socket, which needs no address or network. With
+ * nobody connecting the accept must wait (no completion), the cancel must
+ * find it, and its one completion must say -ECANCELED. */
 static void probe_accept(struct io_uring *ring) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un a = {.sun_family = AF_UNIX};
+  struct io_uring_sync_cancel_reg reg = {
+      .addr = 1, .timeout = {.tv_sec = 1, .tv_nsec = 0}};
+  struct __kernel_timespec wait = {.tv_sec = 1, .tv_nsec = 0};
   struct io_uring_cqe *cqe;
   if (fd < 0)
     return;
   struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
   if (sqe && bind(fd, (struct sockaddr *)&a, sizeof(sa_family_t)) == 0 &&
       listen(fd, 1) == 0) {
-    prep_accept(sqe, fd, SOCK_CLOEXEC);
-    if (io_uring_submit_and_wait(ring, 1) >= 0 &&
-        io_uring_peek_cqe(ring, &cqe) == 0) {
-      if (cqe->res == -EAGAIN)
-        weft__store(&accept_nowait, 1, WA_REL);
-      else if (cqe->res >= 0)
-        close(cqe->res);
+    io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, SOCK_CLOEXEC);
+    io_uring_sqe_set_data64(sqe, 1);
+    if (io_uring_submit(ring) == 1 &&
+        io_uring_peek_cqe(ring, &cqe) == -EAGAIN &&
+        io_uring_register_sync_cancel(ring, &reg) == 0 &&
+        io_uring_wait_cqe_timeout(ring, &cqe, &wait) == 0) {
+      if (cqe->res == -ECANCELED && !(cqe->flags & IORING_CQE_F_MORE))
+        weft__store(&accept_multishot, 1, WA_REL);
       io_uring_cqe_seen(ring, cqe);
     }
   } else if (sqe) {
@@ -327,9 +323,8 @@ static void complete(struct weft__io *io, uint64_t ud,
         weft__bufring_give(io, b); /* no data in it: straight back */
       }
     }
-  } else if (op == WEFT_OP_ACCEPT &&
-             (cqe->flags & IORING_CQE_F_SOCK_NONEMPTY)) {
-    c.flags |= WEFT_CQE_NONEMPTY;
+  } else if (op == WEFT_OP_ACCEPT && (cqe->flags & IORING_CQE_F_MORE)) {
+    c.flags |= WEFT_CQE_MORE;
   }
   if (t)
     weft__trace_at(t, WEFT_EV_COMPLETE, io->sh->idx, op,
@@ -537,7 +532,7 @@ int weft__uring_accept(struct weft__io *io, int fd, int flags,
   struct io_uring_sqe *sqe = weft__uring_sqe(io);
   if (!sqe)
     return -EAGAIN;
-  prep_accept(sqe, fd, flags);
+  io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, flags);
   io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_ACCEPT));
   hold->pos = ring_of(io)->sq.sqe_tail;
   hold->next = io->holds;
@@ -557,6 +552,21 @@ int weft__uring_cancel(struct weft__io *io, uint64_t target, bool now) {
   if (now)
     (void)enter(io);
   return 0;
+}
+
+/* Any thread: io_uring_register(2) needs only the ring's descriptor, and
+ * the kernel serializes it with the holder's enters (the ring's lock).
+ * The request is found by its user_data; a poll-driven one (an accept
+ * waiting for connections) is marked cancelled under that lock, so it
+ * issues nothing more even if its wakeup's task work is still queued to
+ * its submitter; its completion comes to the ring's CQ as usual. */
+int weft__uring_cancel_sync(struct weft__io *io, uint64_t target,
+                            uint64_t timeout_ns) {
+  struct io_uring_sync_cancel_reg reg = {
+      .addr = target,
+      .timeout = {.tv_sec = (long long)(timeout_ns / 1000000000u),
+                  .tv_nsec = (long long)(timeout_ns % 1000000000u)}};
+  return io_uring_register_sync_cancel(ring_of(io), &reg);
 }
 
 /* A close as an entry, leaving with the thread's next enter (a socket has

@@ -14,9 +14,9 @@ struct io_uring_sqe;
  * down at once; else a shard's ring with its provided buffers. */
 int weft__uring_setup(struct weft__io *io, bool probe);
 void weft__uring_teardown(struct weft__io *io);
-/* Whether accepts that never wait in the kernel exist (IORING_ACCEPT_
- * DONTWAIT, 6.10), as the probe ring found. */
-bool weft__uring_accept_nowait(void);
+/* Whether multishot accepts and synchronous cancels exist (5.19, 6.0),
+ * as the probe ring found. */
+bool weft__uring_accept_multishot(void);
 /* Whether the probe ring had every file opcode weft__uring_file uses. */
 bool weft__uring_files_ok(void);
 /* Enters the ring to submit what is prepared. Never reaps: what a full CQ
@@ -52,6 +52,9 @@ int weft__uring_file(struct weft__io *io, const struct weft__fileop *op,
 int weft__uring_accept(struct weft__io *io, int fd, int flags,
                        struct weft__ioh *h, struct weft__io_hold *hold);
 int weft__uring_cancel(struct weft__io *io, uint64_t tag, bool now);
+/* The one verb any thread may use on any ring (io.h). */
+int weft__uring_cancel_sync(struct weft__io *io, uint64_t tag,
+                            uint64_t timeout_ns);
 /* false: the ring is full; close it yourself. */
 bool weft__uring_close(struct weft__io *io, int fd);
 

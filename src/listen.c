@@ -32,8 +32,9 @@
  * from then on until an accept succeeds with the spare back in place, every
  * shard accepts under the listener's limit_lock. Without a descriptor
  * shortage the accept path takes no lock: one RMW pair on `active` per
- * burst of up to 64 accepts, or per ring accept (ring_accept: its count
- * stays up until the enter that runs it).
+ * burst of up to 64 accepts, or per arming of a multishot accept
+ * (ring_accept: its count stays up until the enter that takes it to the
+ * kernel, where fd_limit then ends it with a synchronous cancel).
  */
 #include "listen.h"
 
@@ -55,6 +56,7 @@
 #include <unistd.h>
 
 #define ACCEPT_BUDGET 64
+#define ACCEPTQ_KEEP 256 /* room an emptied queue array keeps */
 #define BACKOFF_MIN_NS 1000000ull
 #define BACKOFF_MAX_NS 100000000ull
 #define ACTIVE_WAIT_NS 2000000ull /* fd_limit's wait for unlocked accepts */
@@ -99,29 +101,54 @@ struct weft_listener {
   _Atomic uint64_t st_accepted, st_calls, st_limit, st_dropped, st_paused;
   unsigned n;
   uint32_t *gens; /* socks[i]'s generation, for signals after its free */
+  /* The ring holding socks[i]'s multishot accept, NULL while none is
+   * armed: for fd_limit, on another strand, which must not read socks[i]
+   * itself (it may be freed meanwhile; see cancel_armed). */
+  _Atomic(struct weft__io *) *armed;
   struct lsock *socks[];
 };
 
-/* A listening socket; everything but the base's ev (sock.h) and what the
- * reaper stores before it signals (ares, acc_more) is its strand's. */
+/* Descriptors a multishot accept delivered. */
+struct acceptq {
+  int *fd;
+  uint32_t n, cap;
+};
+
+/* A listening socket; everything but the base's ev (sock.h), q (under
+ * qlock) and what the reaper stores before it signals (aend) is its
+ * strand's. The reaper appends to q what the multishot accept delivers;
+ * the strand takes q whole, leaving its own emptied array (taken) in its
+ * place, so neither holds qlock for more than a few stores, and no array
+ * is allocated once both have grown. They grow in the reaper: one turn of
+ * the kernel's accept takes every connection waiting (a whole backlog);
+ * the strand makes ACCEPT_BUDGET connections a turn, and gives an array
+ * grown past ACCEPTQ_KEEP back once it has emptied it. The end travels
+ * with the signal (EV_AEND), not in q: the strand may free the socket once
+ * it sees the end, and the reaper's signal comes after its unlock. */
 struct lsock {
   struct weft__sock s;
   struct weft_listener *lst;
   weft_timer *timer; /* the backoff's */
   uint64_t backoff_ns;
-  int32_t ares;   /* uring: a ring accept's result */
+  unsigned idx;   /* in lst->socks */
   bool readable;  /* connections may wait */
   bool polling;   /* uring: a poll of the socket is in the kernel */
-  bool accepting; /* uring: a ring accept is in the kernel */
+  bool accepting; /* uring: a multishot accept is in the ring */
+  bool multishot; /* uring: it accepts so, when not limited */
   bool paused;
   bool at_limit; /* the last accept burst ran out of descriptors */
-  bool acc_more; /* the ring accept's completion: more connections wait */
   struct weft__io_hold acc_hold; /* its share of lst->active */
+  pthread_mutex_t qlock;
+  struct acceptq q, taken;
+  uint32_t tpos; /* taken's next descriptor */
+  bool ended;    /* EV_AEND came: once q and taken are empty, see aend */
+  int32_t aend;  /* uring: the multishot accept's last result if < 0, or 0 */
 };
 
 /* A listening socket's own event bits (sock.h has the shared ones). */
 #define EV_POLLED (EV_KIND << 0) /* uring: the poll completed */
-#define EV_ADONE (EV_KIND << 1)  /* uring: a ring accept completed */
+#define EV_ADONE (EV_KIND << 1)  /* uring: the multishot accept delivered */
+#define EV_AEND (EV_KIND << 2)   /* uring: the multishot accept ended (aend) */
 
 static bool completes(const struct lsock *ls) {
   return weft__io_completes(ls->s.rt);
@@ -159,6 +186,32 @@ static void pause_backoff(struct lsock *ls) {
     ls->paused = false; /* shutting down: the sweep closes us */
 }
 
+/* Ends every multishot accept of l in the kernel, which would take a
+ * descriptor whenever a connection comes; true once none is left. Called
+ * by fd_limit with `limited` set and `active` seen at 0: no accept is
+ * armed any more, and each armed before has been entered, so it is in its
+ * ring, where a synchronous cancel from this thread finds it. An armer
+ * publishes its ring in armed[i] (release) before the enter whose hold
+ * drop (seq_cst) our load of `active` read from or followed, so we see it.
+ * A stale ring (that accept ended meanwhile, its socket maybe freed) makes
+ * a cancel that finds nothing, or, were the socket's memory a new
+ * listening socket's with an accept in that ring, ends that one, which
+ * arms again like any cancelled one (ring_accepted): the socket is never
+ * read here. One not ended in time (its ring's lock held by a long enter)
+ * leaves the drop for the next try. */
+static bool cancel_armed(struct weft_listener *l) {
+  for (unsigned i = 0; i < l->n; i++) {
+    struct weft__io *io = weft__load(&l->armed[i], WA_ACQ);
+    if (!io)
+      continue;
+    int r = weft__io_cancel_sync(io, &l->socks[i]->s.ioh, WEFT_OP_ACCEPT,
+                                 ACTIVE_WAIT_NS);
+    if (r && r != -ENOENT)
+      return false;
+  }
+  return true;
+}
+
 /* Descriptors ran out: drop what waits, using the spare, then pause. With
  * limit_lock held. */
 static void fd_limit(struct lsock *ls) {
@@ -177,6 +230,10 @@ static void fd_limit(struct lsock *ls) {
       return;
     }
     sched_yield();
+  }
+  if (!cancel_armed(l)) {
+    pause_backoff(ls);
+    return;
   }
   int spare = weft__xchg(&l->reserve, -1, WA_ACQ);
   if (spare >= 0) {
@@ -238,11 +295,9 @@ static bool accepted(struct lsock *ls, int fd) {
   }
 }
 
-/* Completions: wait for connections with a poll of the listening socket,
- * then accept them (ring accepts, or accept4). Not an accept request that
- * waits: one in the kernel takes a descriptor the moment one is free,
- * racing the drop in fd_limit, whose spare slot it would take
- * (test_tcp_emfile lost clients that way). */
+/* Completions without a multishot accept (an older kernel, or accepting
+ * under limit_lock): wait for connections with a poll of the listening
+ * socket, then accept them with accept4. */
 static void poll_submit(struct lsock *ls) {
   struct weft__shard *sh = weft__local_begin(ls->s.rt);
   ls->polling = weft__io_poll_fd(sh, ls->s.fd, WEFT_IO_IN, &ls->s.ioh) == 0;
@@ -263,20 +318,24 @@ static void accept_burst(struct lsock *ls) {
   weft__sock_kick(&ls->s); /* more may wait: after other strands' turns */
 }
 
-/* Completions, from kernels that have them (rt->io.ring_accept, 6.10): one
- * accept request that never waits in the kernel, in this thread's ring,
- * leaving with its next enter; its completion says whether more
- * connections wait, so no accept call ends in EAGAIN, and a listener costs
- * no system call of its own. The request keeps `active` raised until an
- * enter has consumed it: the kernel runs such an accept inside the enter
- * (a descriptor, or an error at once), so after it no slot can be taken
- * behind fd_limit's back. */
+/* Completions, from kernels that have them (rt->io.ring_accept; TCP
+ * only, lsock_add says why): one multishot accept request, armed in this
+ * thread's ring, waiting in the kernel and completing once per connection
+ * until an error or a cancel ends it. A listener then costs no system
+ * call or request of its own per connection. The request keeps `active`
+ * raised until an enter has taken it to the kernel, and says in armed[]
+ * where it is, for fd_limit's cancel. */
 static bool ring_accept(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
   struct weft__shard *sh = weft__local_begin(ls->s.rt);
-  ls->accepting = weft__io_accept(sh, ls->s.fd, SOCK_CLOEXEC, &ls->s.ioh,
-                                  &ls->acc_hold) == 0;
+  struct weft__io *io = weft__io_of(sh);
+  weft__store(&l->armed[ls->idx], io, WA_REL);
+  ls->accepting = io && weft__io_accept(sh, ls->s.fd, SOCK_CLOEXEC, &ls->s.ioh,
+                                        &ls->acc_hold) == 0;
   if (ls->accepting)
-    weft__fetch_add(&ls->lst->st_calls, 1, WA_RLX);
+    weft__fetch_add(&l->st_calls, 1, WA_RLX);
+  else
+    weft__store(&l->armed[ls->idx], NULL, WA_RLX);
   weft__local_end(sh);
   return ls->accepting;
 }
@@ -310,7 +369,8 @@ static void accept_more(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
   if (ls->paused || ls->accepting)
     return;
-  if (!ls->readable) {
+  bool ring = ls->multishot && !ls->polling; /* not beside accept_burst's */
+  if (!ring && !ls->readable) {
     if (completes(ls) && !ls->polling)
       poll_submit(ls);
     return;
@@ -318,7 +378,7 @@ static void accept_more(struct lsock *ls) {
   ls->at_limit = false;
   weft__fetch_add(&l->active, 1, WA_SC);
   bool limited = weft__load(&l->limited, WA_SC);
-  if (!limited && ls->s.rt->io.ring_accept && ring_accept(ls))
+  if (!limited && ring && ring_accept(ls))
     return; /* `active` is dropped once the request is entered */
   if (!limited)
     accept_burst(ls);
@@ -327,37 +387,112 @@ static void accept_more(struct lsock *ls) {
     accept_locked(ls);
 }
 
-/* The reaper: the poll or a ring accept completed. */
+static void acceptq_free(struct lsock *ls) {
+  free(ls->q.fd);
+  free(ls->taken.fd);
+  pthread_mutex_destroy(&ls->qlock);
+}
+
+/* The reaper's side of q; qlock held. Without memory to grow it the
+ * connection is closed (its client sees EOF) and counted dropped. */
+static void q_add(struct lsock *ls, int fd) {
+  struct acceptq *q = &ls->q;
+  if (q->n == q->cap) {
+    uint32_t cap = q->cap ? 2 * q->cap : 16;
+    int *p = realloc(q->fd, cap * sizeof(*p));
+    if (!p) {
+      close(fd);
+      weft__fetch_add(&ls->lst->st_dropped, 1, WA_RLX);
+      return;
+    }
+    q->fd = p;
+    q->cap = cap;
+  }
+  q->fd[q->n++] = fd;
+}
+
+/* The reaper: the poll or the multishot accept completed. */
 static void lsock_done(struct weft__ioh *h, struct weft__shard *local,
                        unsigned op, const struct weft__cqe *cqe) {
   struct lsock *ls = (struct lsock *)weft__sock_of(h);
   if (op == WEFT_OP_ACCEPT) {
-    ls->ares = cqe->res;
-    ls->acc_more = (cqe->flags & WEFT_CQE_NONEMPTY) != 0;
-    weft__sock_signal(local, &ls->s, EV_ADONE, WEFT_GEN_ANY);
+    uint32_t bits = EV_ADONE;
+    if (cqe->res >= 0) {
+      pthread_mutex_lock(&ls->qlock);
+      q_add(ls, cqe->res);
+      pthread_mutex_unlock(&ls->qlock);
+    }
+    if (!(cqe->flags & WEFT_CQE_MORE)) {
+      ls->aend = cqe->res < 0 ? cqe->res : 0;
+      bits |= EV_AEND;
+    }
+    weft__sock_signal(local, &ls->s, bits, WEFT_GEN_ANY);
   } else { /* WEFT_OP_POLL: whatever it says, accept4 tells */
     weft__sock_signal(local, &ls->s, EV_POLLED, WEFT_GEN_ANY);
   }
 }
 
+/* The strand's side of q: the next descriptor, taking q's array when
+ * taken is used up (-1: none is queued). */
+static int q_take(struct lsock *ls) {
+  if (ls->tpos == ls->taken.n) {
+    if (ls->taken.cap > ACCEPTQ_KEEP) { /* a burst's: give it back */
+      free(ls->taken.fd);
+      ls->taken = (struct acceptq){0};
+    }
+    pthread_mutex_lock(&ls->qlock);
+    struct acceptq got = ls->q;
+    ls->q = ls->taken;
+    ls->q.n = 0;
+    pthread_mutex_unlock(&ls->qlock);
+    ls->taken = got;
+    ls->tpos = 0;
+    if (!got.n)
+      return -1;
+  }
+  return ls->taken.fd[ls->tpos++];
+}
+
+/* What the multishot accept delivered, ACCEPT_BUDGET a turn; then, once
+ * it has ended (the reaper queued its every descriptor before the end's
+ * signal) and all are made, why it ended. */
 static void ring_accepted(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
-  int res = ls->ares;
-  ls->accepting = false;
-  if (ls->s.state != ST_OPEN) {
-    if (res >= 0) { /* closed meanwhile: its client sees EOF */
-      close(res);
+  for (int i = 0; i < ACCEPT_BUDGET; i++) {
+    int fd = q_take(ls);
+    if (fd < 0)
+      break;
+    if (ls->s.state == ST_OPEN) {
+      accepted(ls, fd);
+    } else { /* closed meanwhile: its client sees EOF */
+      close(fd);
       weft__fetch_add(&l->st_dropped, 1, WA_RLX);
     }
-    return;
+    if (i == ACCEPT_BUDGET - 1) {
+      weft__sock_kick(&ls->s); /* more may wait: after other strands' turns */
+      return;
+    }
   }
-  if (res == -ECANCELED)
-    return; /* its submitter exited (io_uring.c): accept_more retries */
+  if (!ls->ended)
+    return;
+  ls->ended = false;
+  ls->accepting = false;
+  weft__store(&l->armed[ls->idx], NULL, WA_RLX);
+  /* Whatever ended it, an accept4 tells whether connections wait. */
+  ls->readable = true;
+  int res = ls->aend;
+  if (ls->s.state != ST_OPEN || res == 0 || res == -ECANCELED)
+    return; /* a full CQ ended it, fd_limit, or its submitter's exit
+               (io_uring.c): accept_more arms another */
   ls->at_limit = false;
-  if (accepted(ls, res)) {
-    if (res >= 0 && !ls->acc_more)
-      ls->readable = false; /* none waits: poll before the next accept */
-  } else if (ls->at_limit) {
+  if (accepted(ls, res))
+    return; /* a connection that failed before it was accepted */
+  if (ls->at_limit) {
+    /* The kernel took RLIMIT_NOFILE when the request was armed: accept4
+     * under the lock tells with today's limit whether descriptors are
+     * short (a raised limit is then not taken for a shortage, which would
+     * drop clients). */
+    ls->at_limit = false;
     accept_locked(ls);
   } else if (ls->readable) {
     pause_backoff(ls); /* an unexpected error: not again at once */
@@ -401,14 +536,17 @@ static void lsock_finished(struct lsock *ls) {
   weft__sock_close_fd(&ls->s);
   ls->s.state = ST_CLOSED;
   weft__unix_unlink(&l->addr, l->addrlen, &l->file); /* before done runs */
+  acceptq_free(ls);
   live_drop(l);
   weft__sock_free(&ls->s);
 }
 
 void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
   struct lsock *ls = (struct lsock *)s;
-  if (bits & EV_ADONE)
-    ring_accepted(ls);
+  if (bits & EV_AEND)
+    ls->ended = true;
+  if (ls->accepting)
+    ring_accepted(ls); /* EV_ADONE, or the kick of a spent budget */
   if (bits & EV_POLLED) {
     ls->polling = false;
     ls->readable = true;
@@ -418,13 +556,13 @@ void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
   if ((bits & (EV_CLOSE | EV_SHUTDOWN)) && s->state == ST_OPEN) {
     s->state = ST_CLOSING;
     weft_timer_cancel(ls->timer);
-    if (ls->polling)
-      shutdown(s->fd, SHUT_RDWR); /* ends the poll in the kernel */
+    if (ls->polling || ls->accepting)
+      shutdown(s->fd, SHUT_RDWR); /* ends the poll or accept in the kernel */
   }
   if (s->state == ST_OPEN)
     accept_more(ls);
   else if (s->state == ST_CLOSING && !ls->polling && !ls->accepting)
-    lsock_finished(ls); /* a ring accept ends by itself: never waits */
+    lsock_finished(ls);
 }
 
 /* ---- the API ---------------------------------------------------------------
@@ -494,6 +632,7 @@ static int probe_free(weft_rt *rt, struct weft_listener *l) {
 static void lsock_discard(struct lsock *ls) {
   if (ls->timer)
     weft_timer_destroy(ls->timer);
+  acceptq_free(ls);
   weft__sock_discard(&ls->s);
 }
 
@@ -506,7 +645,16 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   }
   struct lsock *ls = (struct lsock *)s;
   ls->lst = l;
+  ls->idx = i;
+  /* Not on a Unix socket: its shutdown(2) does not end an accept waiting
+   * in the kernel (its accept just finds none waiting, and waits on), so
+   * nothing would end one at a close. Those poll, as older kernels do. */
+  ls->multishot = rt->io.ring_accept && l->addr.ss_family != AF_UNIX;
   ls->acc_hold.count = &l->active;
+  pthread_mutex_init(&ls->qlock, NULL);
+  ls->q = ls->taken = (struct acceptq){0};
+  ls->tpos = 0;
+  ls->ended = false;
   ls->s.state = ST_OPEN;
   ls->readable = true;
   r = weft_timer_create(rt, ls->s.strand, &ls->timer);
@@ -560,10 +708,12 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
     return -EINVAL; /* no SO_REUSEPORT groups for Unix sockets */
   unsigned n = (flags & WEFT_LISTEN_SINGLE) || is_unix ? 1 : rt->nshards;
   struct weft_listener *l =
-      calloc(1, sizeof(*l) + n * sizeof(l->socks[0]) + n * sizeof(uint32_t));
+      calloc(1, sizeof(*l) + n * (sizeof(l->socks[0]) + sizeof(l->armed[0]) +
+                                  sizeof(uint32_t)));
   if (!l)
     return -ENOMEM;
-  l->gens = (uint32_t *)&l->socks[n];
+  l->armed = (_Atomic(struct weft__io *) *)&l->socks[n];
+  l->gens = (uint32_t *)&l->armed[n];
   l->rt = rt;
   l->n = n;
   l->fn = fn;

@@ -78,7 +78,7 @@ struct weft_rt {
   /* I/O backends (io.c). */
   struct {
     int backend;          /* WEFT_BACKEND_URING, _EPOLL or _NONE */
-    bool ring_accept;     /* uring: accepts are ring requests */
+    bool ring_accept;     /* uring: listeners accept with multishot requests */
     bool ring_files;      /* uring: file operations are ring requests */
     struct weft__io *ios; /* one per shard, NULL for NONE */
     _Atomic uint32_t all; /* every shard's backend is set up */

@@ -6,9 +6,14 @@
  * kept for that, so clients do not hang."
  *
  * The soft RLIMIT_NOFILE of this process is lowered so that 20 descriptor
- * numbers are left free; a helper process (forked before any thread starts,
- * with its own limit) makes 100 connections, more than this process can
- * accept. Checked, with the default listener and WEFT_LISTEN_SINGLE:
+ * numbers are left free once the listener is made; a helper process
+ * (forked before any thread starts, with its own limit) makes 100
+ * connections, more than this process can accept. The limit is lowered
+ * before the listener exists: on io_uring its accept is one multishot
+ * request, which keeps the limit of when it was armed (the kernel reads
+ * RLIMIT_NOFILE when it prepares the request). A listener made before,
+ * and left idle, has made the runtime's rings (at the first socket).
+ * Checked, with the default listener and WEFT_LISTEN_SINGLE:
  *   - weft_listener_stats counts fd_limit_hits and paused;
  *   - every connection is either handed to the accept callback or dropped
  *     (stats.accepted + stats.dropped == connections made), and each
@@ -19,6 +24,12 @@
  *   - after the accepted connections are closed, accepting resumes: a new
  *     connection reaches the accept callback within a bounded time;
  *   - once the runtime is destroyed, no descriptor it opened is left open.
+ * And one listener of two sockets, both serving, when descriptors run out
+ * while one socket's accept still waits in the kernel (io_uring: a
+ * multishot accept, which the other socket's drop must end first):
+ *   - every client that comes then is dropped and sees it closed;
+ *   - once descriptors are back, clients of both sockets are accepted
+ *     again, none dropped (an accept ended for the drop is armed again).
  */
 #include <signal.h>
 #include <sys/prctl.h>
@@ -253,16 +264,37 @@ static rlim_t limit_with_room(unsigned room, unsigned *in_use) {
 
 static struct rlimit g_saved_limit;
 
-static void lower_fd_limit(void) {
+static void lower_fd_limit(unsigned room) {
   assert_int_equal(getrlimit(RLIMIT_NOFILE, &g_saved_limit), 0);
   unsigned n;
   struct rlimit low = g_saved_limit;
-  low.rlim_cur = limit_with_room(HEADROOM, &n);
+  low.rlim_cur = limit_with_room(room, &n);
   assert_true(low.rlim_cur <= low.rlim_max);
   assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
   print_message("[ INFO     ] %u descriptors in use; soft RLIMIT_NOFILE "
                 "lowered to %llu (%u free below it)\n",
-                n, (unsigned long long)low.rlim_cur, HEADROOM);
+                n, (unsigned long long)low.rlim_cur, room);
+}
+
+/* The listener under test, made after the limit is lowered (see the top):
+ * it takes its sockets and the spare descriptor from the room, leaving
+ * HEADROOM. *idle: the one made before, left idle. */
+static uint16_t listen_low(weft_rt *rt, unsigned flags, server *sv,
+                           weft_listener **idle) {
+  weft_listen_opts opts = {.backlog = 0, .flags = flags};
+  unsigned socks = flags & WEFT_LISTEN_SINGLE ? 1 : NWORKERS;
+  (void)tu_tcp_listen(rt, &opts, accept_cb, sv, idle);
+  lower_fd_limit(HEADROOM + socks + 1);
+  return tu_tcp_listen(rt, &opts, accept_cb, sv, &sv->l);
+}
+
+/* Closes l, and waits for its done callback. */
+static void listener_close_wait(weft_listener *l) {
+  tu_event done;
+  tu_event_init(&done);
+  tu_assert_rc(weft_listener_close(l, listener_done, &done), 0);
+  tu_event_wait(&done, 1, "the listener's done callback");
+  tu_event_destroy(&done);
 }
 
 static int restore_fd_limit(void **state) {
@@ -348,10 +380,8 @@ static void run_emfile(unsigned flags) {
   pthread_mutex_init(&sv->m, NULL);
   tu_event_init(&sv->accepted);
   tu_event_init(&sv->closed);
-  weft_listen_opts opts = {.backlog = 0, .flags = flags};
-  uint16_t port = tu_tcp_listen(rt, &opts, accept_cb, sv, &sv->l);
-
-  lower_fd_limit();
+  weft_listener *idle;
+  uint16_t port = listen_low(rt, flags, sv, &idle);
   assert_int_equal(child_call('c', port, FIRST), FIRST);
   lwait w = {sv, FIRST};
   tu_wait_until(pred_paused, &w, "accepting to pause on EMFILE");
@@ -371,10 +401,8 @@ static void run_emfile(unsigned flags) {
   close_accepted(sv);
   restore_fd_limit(NULL);
 
-  tu_event done;
-  tu_event_init(&done);
-  tu_assert_rc(weft_listener_close(sv->l, listener_done, &done), 0);
-  tu_event_wait(&done, 1, "the listener's done callback");
+  listener_close_wait(sv->l);
+  listener_close_wait(idle);
   tu_stat_wait sw = {rt, 0};
   tu_wait_until(tu_pred_tcp_live_le, &sw, "every connection to be freed");
   tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
@@ -383,7 +411,73 @@ static void run_emfile(unsigned flags) {
    * checked after a failed run, whose runtime still runs */
   if (--g_runs_left_running == 0)
     assert_int_equal(fds_open(), fds_before);
-  tu_event_destroy(&done);
+  tu_event_destroy(&sv->accepted);
+  tu_event_destroy(&sv->closed);
+  pthread_mutex_destroy(&sv->m);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+/* Waits until n more clients are handled (accepted or dropped). */
+static void wait_handled(server *sv, uint64_t n) {
+  weft_listener_stats st = lstats(sv);
+  lwait w = {sv, st.accepted + st.dropped + n};
+  tu_wait_until(pred_handled, &w, "each connection accepted or dropped");
+}
+
+static void test_emfile_other_waiting(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("emfile, the other socket's accept waiting");
+  unsigned fds_before = fds_open();
+  g_runs_left_running++;
+  weft_rt *rt;
+  tu_rt_create(&rt, NWORKERS, 0);
+  tu_assert_backend(rt);
+  static server sv_;
+  server *sv = &sv_;
+  memset(sv, 0, sizeof *sv);
+  pthread_mutex_init(&sv->m, NULL);
+  tu_event_init(&sv->accepted);
+  tu_event_init(&sv->closed);
+  weft_listener *idle;
+  uint16_t port = listen_low(rt, 0, sv, &idle);
+
+  /* The headroom's clients are accepted, by both sockets (from 20 ports,
+   * all on one socket has odds of 2^-19), whose accepts then wait again. */
+  assert_int_equal(child_call('c', port, HEADROOM), HEADROOM);
+  wait_handled(sv, 0);
+  tu_event_wait(&sv->accepted, lstats(sv).accepted, "the accept callbacks");
+  /* Out of descriptors now: one client at a time, each dropped by the
+   * socket it comes to while the other's accept waits, or is ended. */
+  for (int i = 0; i < 8; i++) {
+    weft_listener_stats st = lstats(sv);
+    assert_int_equal(child_call('c', port, 1), 1);
+    lwait w = {sv, st.accepted + st.dropped + 1};
+    tu_wait_until(pred_handled, &w, "the client accepted or dropped");
+  }
+  weft_listener_stats st = lstats(sv);
+  assert_true(st.dropped > 0);
+  assert_int_equal(st.accepted + st.dropped, HEADROOM + 8);
+  check_dropped_closed(st.dropped);
+
+  close_accepted(sv);
+  restore_fd_limit(NULL);
+  check_resumes(sv, port); /* past the backoff */
+  uint64_t dropped = lstats(sv).dropped, before = tu_event_get(&sv->accepted);
+  assert_int_equal(child_call('c', port, 16), 16);
+  tu_event_wait(&sv->accepted, before + 16, "16 clients accepted");
+  assert_int_equal(lstats(sv).dropped, dropped);
+  close_accepted(sv);
+  (void)child_call('r', 0, 0);
+
+  listener_close_wait(sv->l);
+  listener_close_wait(idle);
+  tu_stat_wait sw = {rt, 0};
+  tu_wait_until(tu_pred_tcp_live_le, &sw, "every connection to be freed");
+  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  tu_assert_rc(weft_rt_destroy(rt), 0);
+  if (--g_runs_left_running == 0)
+    assert_int_equal(fds_open(), fds_before);
   tu_event_destroy(&sv->accepted);
   tu_event_destroy(&sv->closed);
   pthread_mutex_destroy(&sv->m);
@@ -406,6 +500,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_teardown(test_emfile, restore_fd_limit),
       cmocka_unit_test_teardown(test_emfile_single, restore_fd_limit),
+      cmocka_unit_test_teardown(test_emfile_other_waiting, restore_fd_limit),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   child_stop();

@@ -132,7 +132,11 @@ typedef struct weft_listener_stats {
  * descriptors run out (EMFILE, ENFILE) accepting pauses, backing off from 1 ms
  * to 100 ms, and resumes by itself; connections that arrive meanwhile are
  * accepted and closed at once with a spare descriptor kept for that, so clients
- * do not hang. opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too
+ * do not hang. On io_uring a TCP listener's sockets each keep one accept
+ * request waiting in the kernel, which reads RLIMIT_NOFILE when the request
+ * is made: a soft limit lowered while the listener runs binds its accepts
+ * from the next request on (after an error, a shortage, or a pause).
+ * opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too
  * small for the family, WEFT_LISTEN_SHARE with Unix), -EAFNOSUPPORT
  * (neither IPv4, IPv6 nor Unix), -EADDRINUSE, -EACCES, -ENOENT (a Unix
  * path's directory does not exist), -EADDRNOTAVAIL, -EMFILE, -ENOMEM,
