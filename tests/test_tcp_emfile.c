@@ -365,23 +365,51 @@ static unsigned fds_open(void) {
   return n;
 }
 
-static void run_emfile(unsigned flags) {
+/* One per run: after a failed run its runtime is left running. */
+static server g_servers[3];
+
+/* A run's runtime and sv, listening (listen_low). */
+static weft_rt *run_begin(server *sv, unsigned flags, weft_listener **idle,
+                          uint16_t *port) {
   tu_reset_async_errors();
-  tu_phase(flags ? "emfile, LISTEN_SINGLE" : "emfile");
-  unsigned fds_before = fds_open();
   g_runs_left_running++; /* until this run ends well */
   weft_rt *rt;
   tu_rt_create(&rt, NWORKERS, 0);
   tu_assert_backend(rt);
-  /* one per run: after a failed run its runtime is left running */
-  static server servers[2];
-  server *sv = &servers[flags & WEFT_LISTEN_SINGLE ? 1 : 0];
   memset(sv, 0, sizeof *sv);
   pthread_mutex_init(&sv->m, NULL);
   tu_event_init(&sv->accepted);
   tu_event_init(&sv->closed);
+  *port = listen_low(rt, flags, sv, idle);
+  return rt;
+}
+
+/* Closes both listeners and the runtime. Every descriptor weft opened
+ * (spares included) is closed again; not checked after a failed run,
+ * whose runtime still runs. */
+static void run_end(weft_rt *rt, server *sv, weft_listener *idle,
+                    unsigned fds_before) {
+  listener_close_wait(sv->l);
+  listener_close_wait(idle);
+  tu_stat_wait sw = {rt, 0};
+  tu_wait_until(tu_pred_tcp_live_le, &sw, "every connection to be freed");
+  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  tu_assert_rc(weft_rt_destroy(rt), 0);
+  if (--g_runs_left_running == 0)
+    assert_int_equal(fds_open(), fds_before);
+  tu_event_destroy(&sv->accepted);
+  tu_event_destroy(&sv->closed);
+  pthread_mutex_destroy(&sv->m);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+static void run_emfile(unsigned flags) {
+  tu_phase(flags ? "emfile, LISTEN_SINGLE" : "emfile");
+  unsigned fds_before = fds_open();
+  server *sv = &g_servers[flags & WEFT_LISTEN_SINGLE ? 1 : 0];
   weft_listener *idle;
-  uint16_t port = listen_low(rt, flags, sv, &idle);
+  uint16_t port;
+  weft_rt *rt = run_begin(sv, flags, &idle, &port);
   assert_int_equal(child_call('c', port, FIRST), FIRST);
   lwait w = {sv, FIRST};
   tu_wait_until(pred_paused, &w, "accepting to pause on EMFILE");
@@ -400,59 +428,29 @@ static void run_emfile(unsigned flags) {
   check_resumes(sv, port);
   close_accepted(sv);
   restore_fd_limit(NULL);
-
-  listener_close_wait(sv->l);
-  listener_close_wait(idle);
-  tu_stat_wait sw = {rt, 0};
-  tu_wait_until(tu_pred_tcp_live_le, &sw, "every connection to be freed");
-  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
-  tu_assert_rc(weft_rt_destroy(rt), 0);
-  /* every descriptor weft opened (spares included) is closed again; not
-   * checked after a failed run, whose runtime still runs */
-  if (--g_runs_left_running == 0)
-    assert_int_equal(fds_open(), fds_before);
-  tu_event_destroy(&sv->accepted);
-  tu_event_destroy(&sv->closed);
-  pthread_mutex_destroy(&sv->m);
-  TU_ASSERT_NO_ASYNC_ERRORS();
-}
-
-/* Waits until n more clients are handled (accepted or dropped). */
-static void wait_handled(server *sv, uint64_t n) {
-  weft_listener_stats st = lstats(sv);
-  lwait w = {sv, st.accepted + st.dropped + n};
-  tu_wait_until(pred_handled, &w, "each connection accepted or dropped");
+  run_end(rt, sv, idle, fds_before);
 }
 
 static void test_emfile_other_waiting(void **state) {
   (void)state;
-  tu_reset_async_errors();
   tu_phase("emfile, the other socket's accept waiting");
   unsigned fds_before = fds_open();
-  g_runs_left_running++;
-  weft_rt *rt;
-  tu_rt_create(&rt, NWORKERS, 0);
-  tu_assert_backend(rt);
-  static server sv_;
-  server *sv = &sv_;
-  memset(sv, 0, sizeof *sv);
-  pthread_mutex_init(&sv->m, NULL);
-  tu_event_init(&sv->accepted);
-  tu_event_init(&sv->closed);
+  server *sv = &g_servers[2];
   weft_listener *idle;
-  uint16_t port = listen_low(rt, 0, sv, &idle);
+  uint16_t port;
+  weft_rt *rt = run_begin(sv, 0, &idle, &port);
 
   /* The headroom's clients are accepted, by both sockets (from 20 ports,
    * all on one socket has odds of 2^-19), whose accepts then wait again. */
   assert_int_equal(child_call('c', port, HEADROOM), HEADROOM);
-  wait_handled(sv, 0);
+  lwait w = {sv, HEADROOM};
+  tu_wait_until(pred_handled, &w, "each connection accepted or dropped");
   tu_event_wait(&sv->accepted, lstats(sv).accepted, "the accept callbacks");
   /* Out of descriptors now: one client at a time, each dropped by the
    * socket it comes to while the other's accept waits, or is ended. */
-  for (int i = 0; i < 8; i++) {
-    weft_listener_stats st = lstats(sv);
+  for (int i = 1; i <= 8; i++) {
     assert_int_equal(child_call('c', port, 1), 1);
-    lwait w = {sv, st.accepted + st.dropped + 1};
+    w.handled = HEADROOM + i;
     tu_wait_until(pred_handled, &w, "the client accepted or dropped");
   }
   weft_listener_stats st = lstats(sv);
@@ -469,19 +467,7 @@ static void test_emfile_other_waiting(void **state) {
   assert_int_equal(lstats(sv).dropped, dropped);
   close_accepted(sv);
   (void)child_call('r', 0, 0);
-
-  listener_close_wait(sv->l);
-  listener_close_wait(idle);
-  tu_stat_wait sw = {rt, 0};
-  tu_wait_until(tu_pred_tcp_live_le, &sw, "every connection to be freed");
-  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
-  tu_assert_rc(weft_rt_destroy(rt), 0);
-  if (--g_runs_left_running == 0)
-    assert_int_equal(fds_open(), fds_before);
-  tu_event_destroy(&sv->accepted);
-  tu_event_destroy(&sv->closed);
-  pthread_mutex_destroy(&sv->m);
-  TU_ASSERT_NO_ASYNC_ERRORS();
+  run_end(rt, sv, idle, fds_before);
 }
 
 static void test_emfile(void **state) {
