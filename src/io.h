@@ -123,7 +123,8 @@ struct weft__ioh {
 /* A count that stays raised while an operation waits in a ring's SQ: the
  * ring's holder drops it (seq_cst) after the enter that took the entry, so
  * a thread that sees it at 0 knows the kernel has issued the operation
- * (listen.c: accepts that must not race a descriptor shortage). */
+ * (listen.c: accepts, which a descriptor shortage must find there to
+ * cancel them). */
 struct weft__io_hold {
   struct weft__io_hold *next;
   _Atomic uint32_t *count;

@@ -219,10 +219,11 @@ void weft__uring_teardown(struct weft__io *io) {
 /* What an enter consumed, whatever it returned: the kernel takes entries
  * in order from the head and has written khead when the enter returns
  * (an enter may take only part of the SQ: no memory for requests, or an
- * entry that fails its checks). Every entry before khead has been issued;
- * accepts that never wait and closes of sockets have finished. So their
- * holds and the close count drop here, before any completion of theirs
- * can be reaped: a hold is never relinked while still listed. */
+ * entry that fails its checks). Every entry before khead has been issued:
+ * an accept is in the kernel, where a synchronous cancel finds it, and
+ * closes of sockets have finished. So their holds and the close count
+ * drop here, before any completion of theirs can be reaped: a hold is
+ * never relinked while still listed. */
 static void entered(struct weft__io *io) {
   struct io_uring *ring = ring_of(io);
   uint32_t head = IO_URING_READ_ONCE(*ring->sq.khead);

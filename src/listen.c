@@ -218,11 +218,12 @@ static void fd_limit(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
   weft__fetch_add(&l->st_limit, 1, WA_RLX);
   /* Shards accepting without the lock saw `limited` clear: let them
-   * finish their burst (a few syscalls), and ring accepts their enter,
-   * before a slot is freed. The latter may wait for a thread's handler
-   * (its next enter comes within 8 items, or at a handoff), so the wait is
-   * bounded: past it nothing is dropped this time, and the pause below
-   * lets the clients wait for the next try. */
+   * finish their burst (a few syscalls), and armed accepts their enter
+   * (cancel_armed then ends them), before a slot is freed. The latter may
+   * wait for a thread's handler (its next enter comes within 8 items, or
+   * at a handoff), so the wait is bounded: past it nothing is dropped
+   * this time, and the pause below lets the clients wait for the next
+   * try. */
   uint64_t t0 = weft__now_ns();
   while (weft__load(&l->active, WA_SC)) {
     if (weft__now_ns() - t0 > ACTIVE_WAIT_NS) {
