@@ -242,7 +242,8 @@ int weft__io_cancel(struct weft__shard *sh, struct weft__ioh *h, unsigned op,
  * hold it (the one exception to the rule above): once this returns 0 the
  * operation does nothing more, though its completion comes to its ring as
  * usual. -ENOENT: none was in the kernel (ended, or never entered);
- * -ETIME: not cancelled within timeout_ns; -ENOTSUP: not a ring. */
+ * -ETIME: running, and not cancelled within timeout_ns (which bounds
+ * only that); -ENOTSUP: not a ring. */
 int weft__io_cancel_sync(struct weft__io *io, struct weft__ioh *h, unsigned op,
                          uint64_t timeout_ns);
 /* sh's backend, to tell later whether a thread holds the same one (a

@@ -72,6 +72,10 @@ static inline void tsan_closing(int fd) {
 static inline void tsan_closing(int fd) { (void)fd; }
 #endif
 
+#ifndef IORING_ACCEPT_DONTWAIT
+#define IORING_ACCEPT_DONTWAIT (1u << 1) /* 6.10; liburing 2.3 predates it */
+#endif
+
 /* Small: a ring costs setup time per shard at the first socket, and a full
  * SQ is just submitted early; completions beyond the CQ wait in the kernel
  * (NODROP). */
@@ -99,10 +103,17 @@ bool weft__uring_accept_multishot(void) {
 
 /* A listener's accept is one multishot request (5.19) that fd_limit may
  * have to end from another thread with a synchronous cancel
- * (IORING_REGISTER_SYNC_CANCEL, 6.0): both are probed at once, on an
- * autobound AF_UNIX socket, which needs no address or network. With
- * nobody connecting the accept must wait (no completion), the cancel must
- * find it, and its one completion must say -ECANCELED. */
+ * (IORING_REGISTER_SYNC_CANCEL, 6.0). Only from 6.10 does a cancel that
+ * returned mean the request accepts nothing more: before, the task work
+ * running a woken accept checked for a cancel and then took the ring's
+ * lock with a trylock, falling back to a blocking take, so the accept
+ * could run after the cancel returned ("io_uring: force tw ctx locking"
+ * made it take the lock first). 6.10 is told by the flag it brought,
+ * IORING_ACCEPT_DONTWAIT (refused with -EINVAL before; with it, an accept
+ * with none waiting says -EAGAIN). Then the features themselves: with
+ * nobody connecting a multishot accept must wait (no completion), the
+ * cancel must find it, and its one completion must say -ECANCELED. The
+ * socket: an autobound AF_UNIX one, which needs no address or network. */
 static void probe_accept(struct io_uring *ring) {
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   struct sockaddr_un a = {.sun_family = AF_UNIX};
@@ -113,8 +124,21 @@ static void probe_accept(struct io_uring *ring) {
   if (fd < 0)
     return;
   struct io_uring_sqe *sqe = io_uring_get_sqe(ring);
-  if (sqe && bind(fd, (struct sockaddr *)&a, sizeof(sa_family_t)) == 0 &&
-      listen(fd, 1) == 0) {
+  if (!sqe || bind(fd, (struct sockaddr *)&a, sizeof(sa_family_t)) != 0 ||
+      listen(fd, 1) != 0) {
+    if (sqe)
+      io_uring_prep_nop(sqe); /* the ring is torn down next: harmless */
+    close(fd);
+    return;
+  }
+  io_uring_prep_accept(sqe, fd, NULL, NULL, SOCK_CLOEXEC);
+  sqe->ioprio |= IORING_ACCEPT_DONTWAIT;
+  bool v610 = io_uring_submit_and_wait(ring, 1) == 1 &&
+              io_uring_peek_cqe(ring, &cqe) == 0 && cqe->res == -EAGAIN;
+  if (v610)
+    io_uring_cqe_seen(ring, cqe);
+  sqe = v610 ? io_uring_get_sqe(ring) : NULL;
+  if (sqe) {
     io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, SOCK_CLOEXEC);
     io_uring_sqe_set_data64(sqe, 1);
     if (io_uring_submit(ring) == 1 &&
@@ -125,8 +149,6 @@ static void probe_accept(struct io_uring *ring) {
         weft__store(&accept_multishot, 1, WA_REL);
       io_uring_cqe_seen(ring, cqe);
     }
-  } else if (sqe) {
-    io_uring_prep_nop(sqe); /* the ring is torn down next: harmless */
   }
   close(fd);
 }

@@ -14,8 +14,8 @@ struct io_uring_sqe;
  * down at once; else a shard's ring with its provided buffers. */
 int weft__uring_setup(struct weft__io *io, bool probe);
 void weft__uring_teardown(struct weft__io *io);
-/* Whether multishot accepts and synchronous cancels exist (5.19, 6.0),
- * as the probe ring found. */
+/* Whether multishot accepts and synchronous cancels exist, on a kernel
+ * whose cancels they can rely on (6.10), as the probe ring found. */
 bool weft__uring_accept_multishot(void);
 /* Whether the probe ring had every file opcode weft__uring_file uses. */
 bool weft__uring_files_ok(void);

@@ -197,8 +197,9 @@ static void pause_backoff(struct lsock *ls) {
  * a cancel that finds nothing, or, were the socket's memory a new
  * listening socket's with an accept in that ring, ends that one, which
  * arms again like any cancelled one (ring_accepted): the socket is never
- * read here. One not ended in time (its ring's lock held by a long enter)
- * leaves the drop for the next try. */
+ * read here. A cancel that fails otherwise (-ETIME: the request was
+ * running past the bound) leaves the drop for the next try. Accepts of
+ * another listener are not covered, as their accept4 bursts never were. */
 static bool cancel_armed(struct weft_listener *l) {
   for (unsigned i = 0; i < l->n; i++) {
     struct weft__io *io = weft__load(&l->armed[i], WA_ACQ);
@@ -217,6 +218,11 @@ static bool cancel_armed(struct weft_listener *l) {
 static void fd_limit(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
   weft__fetch_add(&l->st_limit, 1, WA_RLX);
+  /* Set again, under the lock: accept_locked set it before it waited for
+   * the lock, and the holder before us may have cleared it on success
+   * since, which would let other shards arm accepts after the wait and
+   * the cancels below. */
+  weft__store(&l->limited, 1, WA_SC);
   /* Shards accepting without the lock saw `limited` clear: let them
    * finish their burst (a few syscalls), and armed accepts their enter
    * (cancel_armed then ends them), before a slot is freed. The latter may
