@@ -820,13 +820,10 @@ int weft_listener_close(weft_listener *l, weft_fn done, void *arg) {
   l->done_arg = arg;
   if ((weft__fetch_or(&l->live, 1, WA_SC) >> 1) == 0)
     return -EALREADY; /* every socket was closed already, by a shutdown */
-  /* The lock keeps each socket's memory: freed ones drop the signal. */
-  for (unsigned i = 0; i < l->n; i++) {
-    struct weft__shard *reg = &l->rt->shards[i % l->rt->nshards];
-    pthread_mutex_lock(&reg->socks.lock);
+  /* A socket's memory stays in its pool (sock.h): one freed already
+   * drops the signal by its generation. */
+  for (unsigned i = 0; i < l->n; i++)
     weft__sock_signal(NULL, &l->socks[i]->s, EV_CLOSE, l->gens[i]);
-    pthread_mutex_unlock(&reg->socks.lock);
-  }
   return 0;
 }
 

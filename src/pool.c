@@ -10,7 +10,11 @@
  * WEFT_POOL_BATCH objects at most, and never while a handler runs.
  *
  * Carving starts in a region the runtime reserved in its arena (rt.c),
- * sized for one batch per shard, and goes on in slabs of its own.
+ * sized for one batch per shard, and goes on in slabs of its own. A
+ * carved object starts zeroed, and every object ever carved can be
+ * visited (weft__pool_each): the shutdown sweep finds the live sockets
+ * this way, by an atomic word that the zeroing makes valid from the start
+ * (sock.c).
  *
  * Every object fills whole cache lines. An object is often freed by a
  * thread other than the one that allocated it (a node is posted on one
@@ -23,6 +27,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define SLAB_BYTES (64 * 1024)
 
@@ -40,6 +45,7 @@ int weft__pool_init(struct weft__pool *p, size_t objsize) {
   p->loose.count = 0;
   p->slabs = NULL;
   p->bump = p->bump_end = NULL;
+  p->reserved = p->reserved_end = NULL;
   return -pthread_mutex_init(&p->lock, NULL);
 }
 
@@ -55,8 +61,8 @@ void weft__pool_destroy(struct weft__pool *p) {
 }
 
 void weft__pool_reserve(struct weft__pool *p, void *mem, size_t bytes) {
-  p->bump = mem;
-  p->bump_end = (char *)mem + bytes;
+  p->bump = p->reserved = mem;
+  p->bump_end = p->reserved_end = (char *)mem + bytes;
 }
 
 /* Carves up to n objects from slabs into a chain; lock held. */
@@ -75,6 +81,7 @@ static struct weft__freeobj *carve(struct weft__pool *p, uint32_t n,
       p->bump_end = (char *)s + SLAB_BYTES;
     }
     struct weft__freeobj *o = (struct weft__freeobj *)p->bump;
+    memset(o, 0, p->objsize);
     p->bump += p->objsize;
     o->next = head;
     head = o;
@@ -153,4 +160,31 @@ void weft__pool_free(struct weft__pool *p, struct weft__pool_cache *c,
   }
   if (locked)
     pthread_mutex_unlock(&p->lock);
+}
+
+/* The slabs are never freed and only prepended, and carving only moves
+ * bump forward, so what the lock shows here stays carved: the walk needs
+ * the lock only for that view, not while fn runs. Objects carved after it
+ * are not visited. */
+void weft__pool_each(struct weft__pool *p, void (*fn)(void *obj, void *arg),
+                     void *arg) {
+  pthread_mutex_lock(&p->lock);
+  struct weft__slab *slabs = p->slabs;
+  char *reserved = p->reserved, *reserved_end = p->reserved_end;
+  char *bump = p->bump;
+  pthread_mutex_unlock(&p->lock);
+  size_t sz = p->objsize;
+  for (struct weft__slab *s = slabs; s; s = s->next) {
+    char *o = (char *)s + WEFT_CACHELINE, *end = (char *)s + SLAB_BYTES;
+    if (s == slabs)
+      end = bump; /* the newest slab, where bump is: carved up to it */
+    for (; o + sz <= end; o += sz)
+      fn(o, arg);
+  }
+  if (!reserved)
+    return;
+  /* The reserved region is carved first: whole, once a slab exists. */
+  char *end = slabs ? reserved_end : bump;
+  for (char *o = reserved; o + sz <= end; o += sz)
+    fn(o, arg);
 }

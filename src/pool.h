@@ -31,7 +31,8 @@ struct weft__pool {
   struct weft__freeobj *batches; /* full batches of WEFT_POOL_BATCH */
   struct weft__pool_cache loose; /* for threads outside the runtime */
   struct weft__slab *slabs;
-  char *bump, *bump_end; /* uncarved rest of the newest slab */
+  char *bump, *bump_end;         /* uncarved rest of the newest slab */
+  char *reserved, *reserved_end; /* weft__pool_reserve's region, or NULL */
 };
 
 #define WEFT_POOL_BATCH 64
@@ -46,5 +47,10 @@ void weft__pool_reserve(struct weft__pool *p, void *mem, size_t bytes);
 void *weft__pool_alloc(struct weft__pool *p, struct weft__pool_cache *cache);
 void weft__pool_free(struct weft__pool *p, struct weft__pool_cache *cache,
                      void *obj);
+/* Calls fn on every object carved so far, free or not (a carved object
+ * starts zeroed; a free one has only its first 16 bytes overwritten). Any
+ * thread; fn runs without the pool's lock. */
+void weft__pool_each(struct weft__pool *p, void (*fn)(void *obj, void *arg),
+                     void *arg);
 
 #endif

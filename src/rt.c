@@ -138,7 +138,6 @@ static void rt_free(weft_rt *rt) {
   weft__io_destroy(rt);
   if (rt->arena) {
     for (unsigned i = 0; i < rt->nshards; i++) {
-      pthread_mutex_destroy(&rt->shards[i].socks.lock);
       weft__pool_destroy(&rt->shards[i].strand_pool);
       weft__pool_destroy(&rt->shards[i].timer_pool);
     }
@@ -384,7 +383,6 @@ static void shards_init(weft_rt *rt) {
     weft__runq_init(&sh->rq);
     weft__runq_init(&sh->prq);
     weft__timers_init(&sh->tm, now);
-    pthread_mutex_init(&sh->socks.lock, NULL);
     sh->rt = rt;
     sh->idx = i;
     sh->rng = 0x9e3779b9u * (i + 1);

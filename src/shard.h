@@ -29,12 +29,6 @@ struct weft__shard_counters {
   _Atomic uint64_t io_events, io_enters;
 };
 
-/* The sockets registered on a shard, for the shutdown sweep (sock.c). */
-struct weft__sock_reg {
-  pthread_mutex_t lock;
-  struct weft__sock *list;
-};
-
 struct weft__shard {
   struct weft__runq rq;
   /* Timer firings: served before rq, so a timer's handler does not wait
@@ -69,7 +63,6 @@ struct weft__shard {
   struct weft__shard_counters st;
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
   _Atomic(struct weft__io *) io;
-  struct weft__sock_reg socks;
   /* 1 while the shard's own thread (threads[idx]) is dormant (park.c);
    * here, not in the slot, since spares reuse slots (monitor.c) */
   _Atomic uint32_t thread_dormant;

@@ -1,8 +1,8 @@
 /*
  * sock.c - the socket object (sock.h): memory, the event word and the
  * strand handler that hands its bits to the kind, registration with the
- * backend and the per-shard registries, closing the descriptor, freeing,
- * and the shutdown sweep. Owns struct weft__sock and the registries.
+ * backend, closing the descriptor, freeing, and the shutdown sweep. Owns
+ * struct weft__sock.
  */
 #include "sock.h"
 
@@ -15,16 +15,18 @@
 #include <errno.h>
 #include <string.h>
 
-_Static_assert(WEFT_MAX_WORKERS < UINT16_MAX, "a shard index + 1 fits reg");
-
 /* ---- the event word ------------------------------------------------------ */
+
+/* After a raise that turned EV_QUEUED on: pushes the node it names. */
+static void queue(struct weft__shard *local, struct weft__sock *s) {
+  s->queued_at = weft__ticks(); /* the push orders it before the run */
+  weft__strand_push_sock(s->strand, local, &s->node[s->post_idx]);
+}
 
 void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
                        uint64_t bits, uint32_t gen_tag) {
-  if (!weft__sock_ev_raise(s, bits, gen_tag))
-    return;
-  s->queued_at = weft__ticks(); /* the push orders it before the run */
-  weft__strand_push_sock(s->strand, local, &s->node[s->post_idx]);
+  if (weft__sock_ev_raise(s, bits, gen_tag))
+    queue(local, s);
 }
 
 void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
@@ -173,54 +175,39 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
   return 0;
 }
 
+/* The sweep and the registration, each a store then a load, both seq_cst:
+ * register marks s live (RMW on ev), then reads closing; shutdown stores
+ * closing, then the sweep reads each socket's ev. In the single order of
+ * the four, if register's load comes first (it reads 0), its RMW precedes
+ * the sweep's load, which sees EV_LIVE and signals s; else register sees
+ * closing and signals s itself. Either way s gets EV_SHUTDOWN, perhaps
+ * twice (a raise is idempotent). The sweep finds s's memory because the
+ * pool carved it before register ran, and the walk reads the pool's slabs
+ * under its lock after shutdown stored closing (pool.c).
+ *
+ * EV_LIVE goes on only after the watch: a watch that fails leaves s seen by
+ * nobody, so the caller may discard it. Events the watch delivers may run
+ * s's handler before EV_LIVE is set, and even free it; the CAS sets it
+ * only on the generation this call registered. */
 int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {
   weft_rt *rt = s->rt;
+  uint32_t gen = s->gen; /* s may be freed and reused once it is watched */
+  uint64_t cur = (uint64_t)gen << 32;
   /* release: publishes every field the creator set to reapers and
    * signallers (their acquire CAS), before any event can name s. */
-  weft__store(&s->ev, (uint64_t)s->gen << 32, WA_REL);
-  struct weft__shard *reg = &rt->shards[home % rt->nshards];
-  /* Listed and watched under the registry's lock, so a shutdown's sweep
-   * (which takes it) sees s only once both are done, or never: with the
-   * watch after the lock, the sweep could close s on its strand first,
-   * and a watch failing on the closed descriptor then had the caller
-   * discard s a second time. A socket freed meanwhile (an event the watch
-   * delivered, handled on its strand) waits for this lock to unlist
-   * itself, and finds s->reg set. */
-  pthread_mutex_lock(&reg->socks.lock);
-  if (weft__load(&rt->life.closing, WA_SC)) {
-    pthread_mutex_unlock(&reg->socks.lock);
+  weft__store(&s->ev, cur, WA_REL);
+  if (weft__load(&rt->life.closing, WA_SC))
     return -ESHUTDOWN;
-  }
-  s->reg = (uint16_t)(reg->idx + 1);
-  s->rprev = NULL;
-  s->rnext = reg->socks.list;
-  if (reg->socks.list)
-    reg->socks.list->rprev = s;
-  reg->socks.list = s;
-  int r = weft__io_watch(rt, reg, s->fd, &s->ioh, s->gen, out);
-  if (r) { /* no event came: the caller discards s, seen by nobody */
-    reg->socks.list = s->rnext;
-    if (s->rnext)
-      s->rnext->rprev = NULL;
-    s->reg = 0;
-  }
-  pthread_mutex_unlock(&reg->socks.lock);
-  return r;
-}
-
-static void unregister(struct weft__sock *s) {
-  if (!s->reg)
-    return;
-  struct weft__shard *reg = &s->rt->shards[s->reg - 1];
-  pthread_mutex_lock(&reg->socks.lock);
-  if (s->rprev)
-    s->rprev->rnext = s->rnext;
-  else
-    reg->socks.list = s->rnext;
-  if (s->rnext)
-    s->rnext->rprev = s->rprev;
-  pthread_mutex_unlock(&reg->socks.lock);
-  s->reg = 0;
+  struct weft__shard *reg = &rt->shards[home % rt->nshards];
+  int r = weft__io_watch(rt, reg, s->fd, &s->ioh, gen, out);
+  if (r)
+    return r; /* no event came: the caller discards s, seen by nobody */
+  while ((uint32_t)(cur >> 32) == gen &&
+         !weft__cas(&s->ev, &cur, cur | EV_LIVE, WA_SC, WA_RLX))
+    ;
+  if (weft__load(&rt->life.closing, WA_SC))
+    weft__sock_signal(NULL, s, EV_SHUTDOWN, gen);
+  return 0;
 }
 
 void weft__sock_close_fd(struct weft__sock *s) {
@@ -234,7 +221,6 @@ void weft__sock_close_fd(struct weft__sock *s) {
 
 static void really_free(struct weft__sock *s) {
   weft_rt *rt = s->rt;
-  unregister(s);
   /* acq_rel: the last socket's release follows every other socket's use
    * of the strand. */
   weft_strand *st = s->strand;
@@ -256,8 +242,8 @@ void weft__sock_free(struct weft__sock *s) {
     return;
   }
   /* Not here: the strand still reads the node that is running now. A
-   * pooled node runs after it. Without memory for one, s stays in the
-   * registry as a husk until weft_rt_destroy frees the pools. */
+   * pooled node runs after it. Without memory for one, s stays out of
+   * its pool until weft_rt_destroy frees the pools. */
   weft_rt *rt = s->rt;
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__node *n = weft__node_new(rt, sh, final_free, final_free, s);
@@ -275,18 +261,22 @@ void weft__sock_discard(struct weft__sock *s) {
 /* ---- the runtime's side ----------------------------------------------------
  */
 
+static void sweep_one(void *obj, void *arg) {
+  struct weft__sock *s = obj;
+  (void)arg;
+  if (weft__sock_ev_raise_live(s, EV_SHUTDOWN))
+    queue(NULL, s);
+}
+
+/* Every live socket of every kind, wherever it was made: their pools hold
+ * them all (register's comment has why none is missed). */
 void weft__socks_shutdown(weft_rt *rt) {
   if (rt->io.backend == WEFT_BACKEND_NONE)
     return;
-  for (unsigned i = 0; i < rt->nshards; i++) {
-    struct weft__shard *reg = &rt->shards[i];
-    /* The lock keeps each socket's memory from being freed meanwhile;
-     * its generation check drops the signal for one already freed. */
-    pthread_mutex_lock(&reg->socks.lock);
-    for (struct weft__sock *s = reg->socks.list; s; s = s->rnext)
-      weft__sock_signal(NULL, s, EV_SHUTDOWN, s->gen);
-    pthread_mutex_unlock(&reg->socks.lock);
-  }
+  weft__pool_each(&rt->net.conn_pool, sweep_one, NULL);
+  weft__pool_each(&rt->net.lsock_pool, sweep_one, NULL);
+  weft__pool_each(&rt->net.udp_pool, sweep_one, NULL);
+  weft__pool_each(&rt->net.proc_pool, sweep_one, NULL);
 }
 
 void weft__net_stats(weft_rt *rt, weft_stats *out) {

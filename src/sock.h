@@ -26,6 +26,14 @@
  * one node at a time. post_idx is written by the run before its release
  * RMW on ev and read by the signaller after its acquire CAS.
  *
+ * EV_LIVE marks a socket registered and not yet freed: set by
+ * weft__sock_register, kept by every run, gone with the generation's bump
+ * at the free. The shutdown sweep, which finds sockets by walking their
+ * pools (pool.h, weft__pool_each) rather than a list, raises only where it
+ * is set (weft__sock_ev_raise_live): the same CAS then both checks that
+ * the memory holds a live socket and queues its node, and a queued node
+ * keeps the free from bumping the generation until it has run.
+ *
  * Completions: the reaper stores an operation's result in the socket,
  * then signals (release); the strand reads it after its acquire.
  *
@@ -51,6 +59,7 @@
 #define EV_KICK (1u << 4)     /* run the state machine again */
 #define EV_CLOSE (1u << 5)    /* the user closes it */
 #define EV_SHUTDOWN (1u << 6) /* the runtime shuts down */
+#define EV_LIVE (1u << 7)     /* registered, not freed: never taken by a run */
 #define EV_KIND (1u << 8)
 #define EV_LOW 0xffffffffull
 
@@ -81,11 +90,8 @@ struct weft__sock {
   uint8_t kind, state; /* kind: which strand handler runs it (sock.c) */
   bool free_pending;   /* freed once the queued node has run */
   uint8_t post_idx;
-  /* the registry holding it (shards[reg - 1], its socks.lock); 0: none */
-  uint16_t reg;
   weft_rt *rt;
   weft_strand *strand;
-  struct weft__sock *rnext, *rprev;
 };
 
 /* The event word's steps (the protocol at the top of this file), here so
@@ -106,11 +112,27 @@ static inline bool weft__sock_ev_raise(struct weft__sock *s, uint64_t bits,
   }
 }
 
+/* The shutdown sweep: sets bits on s if it holds a live socket (EV_LIVE),
+ * whatever its generation. True: this caller turned EV_QUEUED on. */
+static inline bool weft__sock_ev_raise_live(struct weft__sock *s,
+                                            uint64_t bits) {
+  /* seq_cst, against weft__sock_register's (sock.c has the argument) */
+  uint64_t cur = weft__load(&s->ev, WA_SC);
+  for (;;) {
+    if (!(cur & EV_LIVE))
+      return false; /* free, never registered, or not yet */
+    if ((cur & bits) == bits && (cur & EV_QUEUED))
+      return false;
+    if (weft__cas(&s->ev, &cur, cur | bits | EV_QUEUED, WA_SC, WA_ACQ))
+      return !(cur & EV_QUEUED);
+  }
+}
+
 /* On the strand, running node[idx]: the next push takes the other node;
- * returns the word's low bits, now cleared. */
+ * returns the word's low bits, now cleared (all but EV_LIVE). */
 static inline uint32_t weft__sock_ev_take(struct weft__sock *s, unsigned idx) {
   s->post_idx = idx ^ 1;
-  return (uint32_t)weft__fetch_and(&s->ev, ~EV_LOW, WA_AR);
+  return (uint32_t)weft__fetch_and(&s->ev, ~EV_LOW | EV_LIVE, WA_AR) & ~EV_LIVE;
 }
 
 /* On the strand, freeing s: the next generation, if no node is queued
@@ -147,9 +169,12 @@ void weft__proc_run(struct weft__sock *s, uint32_t bits);
 /* The strand's runner (strand.c) found node h of a socket at its queue's
  * head: takes the socket's bits and calls its kind's handler. */
 void weft__sock_node_run(struct weft__nhead *h);
-/* Publishes s (every field set before this call), registers it for the
- * shutdown sweep and with its home shard's backend (watching output too if
- * out); -ESHUTDOWN once the runtime shuts down. */
+/* Publishes s (every field set before this call), registers it with its
+ * home shard's backend (watching output too if out) and marks it live for
+ * the shutdown sweep. -ESHUTDOWN once the runtime shuts down, or the
+ * backend's error: the caller then discards s, which nobody has seen. A
+ * runtime that starts to shut down during the call may shut s down
+ * instead, after a return of 0. */
 int weft__sock_register(struct weft__sock *s, unsigned home, bool out);
 /* Frees a socket that was never registered or never seen by the user. */
 void weft__sock_discard(struct weft__sock *s);
@@ -182,9 +207,9 @@ bool weft__sock_on_strand(const struct weft__sock *s);
  * or the shards in turn for threads outside the runtime. */
 unsigned weft__sock_home(weft_rt *rt);
 
-/* The runtime's side: the shutdown sweep (every socket gets EV_SHUTDOWN)
- * and counters. Each kind's pool is its own file's (tcp.c, listen.c,
- * udp.c). */
+/* The runtime's side: the shutdown sweep (every live socket gets
+ * EV_SHUTDOWN) and counters. Each kind's pool is its own file's (tcp.c,
+ * listen.c, udp.c). */
 void weft__socks_shutdown(weft_rt *rt);
 void weft__net_stats(weft_rt *rt, weft_stats *out);
 

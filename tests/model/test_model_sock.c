@@ -11,10 +11,15 @@
  * EV_CLOSE, as weft__sock_free does: by the next generation if no node is
  * queued, else the queued node's run frees it.
  *
+ * The shutdown sweep raises as weft__socks_shutdown does: only on a
+ * socket marked live, whatever its generation (weft__sock_ev_raise_live),
+ * racing the socket's own close and free.
+ *
  * Checked: a node is never pushed while it is queued; a bit raised before
  * another by one thread is seen no later than it (none is lost); a stale
  * generation's bits are never seen; the socket is freed exactly once, and
- * no node of it is pushed or run after that.
+ * no node of it is pushed or run after that, by the sweep either; it is
+ * no longer marked live once freed.
  */
 #include "drain.h"
 #include "model.h"
@@ -31,14 +36,17 @@ static _Atomic unsigned signallers_done;
 static unsigned nsignallers;
 
 /* weft__sock_signal */
-static void sig(uint64_t bits, uint32_t gen_tag) {
-  if (!weft__sock_ev_raise(&sock, bits, gen_tag))
-    return;
+static void push(void) {
   unsigned i = sock.post_idx;
   MODEL_CHECK(!freed, "a node of a freed socket was pushed");
   MODEL_CHECK(!queued[i], "node %u was pushed while queued", i);
   queued[i] = true;
   drain_post(&sock.node[i]);
+}
+
+static void sig(uint64_t bits, uint32_t gen_tag) {
+  if (weft__sock_ev_raise(&sock, bits, gen_tag))
+    push();
 }
 
 /* really_free, after the pooled node ran */
@@ -60,6 +68,7 @@ static void sock_free(void) {
 /* The kind's handler: frees the socket on EV_CLOSE. */
 static void kind_run(uint32_t bits) {
   MODEL_CHECK(!(bits & EV_OUT), "a stale generation's bit was seen");
+  MODEL_CHECK(!(bits & EV_LIVE), "a run was handed EV_LIVE");
   if (bits & EV_IN)
     seen_in = true;
   if (bits & EV_CLOSE) {
@@ -108,6 +117,14 @@ static void kicker(int id) {
   atomic_fetch_add(&signallers_done, 1);
 }
 
+/* weft__socks_shutdown's visit of the socket's memory. */
+static void sweeper(int id) {
+  (void)id;
+  if (weft__sock_ev_raise_live(&sock, EV_SHUTDOWN))
+    push();
+  atomic_fetch_add(&signallers_done, 1);
+}
+
 static void drainer(int id) {
   (void)id;
   while (!freed || atomic_load(&signallers_done) < nsignallers ||
@@ -124,6 +141,7 @@ static void setup_common(unsigned signallers) {
     sock.node[i].idx = i;
   }
   sock.state = ST_OPEN;
+  weft__store(&sock.ev, EV_LIVE, WA_RLX); /* registered */
   queued[0] = queued[1] = false;
   seen_in = freed = false;
   nsignallers = signallers;
@@ -136,6 +154,8 @@ static void setup_two(void) { setup_common(2); }
 
 static void check(void) {
   MODEL_CHECK(freed, "the socket was never freed");
+  MODEL_CHECK(!(weft__load(&sock.ev, WA_RLX) & EV_LIVE),
+              "the freed socket is still marked live");
   MODEL_CHECK(seen_in, "EV_IN was never seen");
   drain_teardown();
 }
@@ -150,6 +170,11 @@ static const struct model_case cases[] = {
      .nthreads = 3,
      .setup = setup_two,
      .thread = {reaper, kicker, drainer},
+     .check = check},
+    {.name = "sock_sweep",
+     .nthreads = 3,
+     .setup = setup_two,
+     .thread = {reaper, sweeper, drainer},
      .check = check},
     {.name = "sock_close_two_drainers",
      .nthreads = 4,
