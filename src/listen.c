@@ -151,7 +151,7 @@ struct lsock {
 #define EV_AEND (EV_KIND << 2)   /* uring: the multishot accept ended (aend) */
 
 static bool completes(const struct lsock *ls) {
-  return weft__io_completes(ls->s.rt);
+  return weft__io_completes(weft__sock_rt(&ls->s));
 }
 
 /* Listening sockets are non-blocking with both backends; what an accepted
@@ -159,9 +159,9 @@ static bool completes(const struct lsock *ls) {
 static int sync_accept(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
   weft__fetch_add(&l->st_calls, 1, WA_RLX);
-  if (weft__sim_fault(ls->s.rt, WEFT_SIM_FAULT_EMFILE))
+  if (weft__sim_fault(weft__sock_rt(&ls->s), WEFT_SIM_FAULT_EMFILE))
     return -EMFILE;
-  int flags = SOCK_CLOEXEC | weft__io_sock_flags(ls->s.rt);
+  int flags = SOCK_CLOEXEC | weft__io_sock_flags(weft__sock_rt(&ls->s));
   int fd = accept4(ls->s.fd, NULL, NULL, flags);
   return fd < 0 ? -errno : fd;
 }
@@ -279,7 +279,7 @@ static bool accepted(struct lsock *ls, int fd) {
   if (fd >= 0) {
     ls->backoff_ns = 0;
     weft__fetch_add(&l->st_accepted, 1, WA_RLX);
-    weft__tcp_accepted(ls->s.rt, l, fd);
+    weft__tcp_accepted(weft__sock_rt(&ls->s), l, fd);
     return true;
   }
   switch (fd) {
@@ -306,7 +306,7 @@ static bool accepted(struct lsock *ls, int fd) {
  * under limit_lock): wait for connections with a poll of the listening
  * socket, then accept them with accept4. */
 static void poll_submit(struct lsock *ls) {
-  struct weft__shard *sh = weft__local_begin(ls->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&ls->s));
   ls->polling = weft__io_poll_fd(sh, ls->s.fd, WEFT_IO_IN, &ls->s.ioh) == 0;
   weft__local_end(sh);
   if (!ls->polling)
@@ -334,7 +334,7 @@ static void accept_burst(struct lsock *ls) {
  * where it is, for fd_limit's cancel. */
 static bool ring_accept(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
-  struct weft__shard *sh = weft__local_begin(ls->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&ls->s));
   struct weft__io *io = weft__io_of(sh);
   weft__store(&l->armed[ls->idx], io, WA_REL);
   ls->accepting = io && weft__io_accept(sh, ls->s.fd, SOCK_CLOEXEC, &ls->s.ioh,
@@ -356,7 +356,7 @@ static void accept_locked(struct lsock *ls) {
    * lock) would wait for this thread. Other threads enter theirs when
    * they run out of work or within 8 items; a thread stuck in a handler,
    * after the monitor hands its shard (and ring) on. */
-  struct weft__shard *sh = weft__local_begin(ls->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&ls->s));
   if (sh)
     weft__io_flush(sh);
   weft__local_end(sh);
@@ -666,13 +666,13 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   ls->readable = true;
   r = weft_timer_create(rt, ls->s.strand, &ls->timer);
   if (!r)
-    r = weft__sock_register(&ls->s, i, false);
+    r = weft__sock_register(&ls->s, i, false, 0);
   if (r) {
     lsock_discard(ls);
     return r;
   }
   l->socks[i] = ls;
-  l->gens[i] = ls->s.gen;
+  l->gens[i] = weft__sock_gen(&ls->s);
   return 0;
 }
 

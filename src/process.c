@@ -108,7 +108,7 @@ static bool reap(struct weft_process *p, bool wait) {
 }
 
 static void poll_submit(struct weft_process *p) {
-  struct weft__shard *sh = weft__local_begin(p->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&p->s));
   p->polling = weft__io_poll_fd(sh, p->s.fd, WEFT_IO_IN, &p->s.ioh) == 0;
   weft__local_end(sh);
   if (!p->polling)
@@ -133,7 +133,7 @@ void weft__proc_run(struct weft__sock *s, uint32_t bits) {
   }
   if (reap(p, false))
     return;
-  if (weft__io_completes(s->rt) && !p->polling)
+  if (weft__io_completes(weft__sock_rt(s)) && !p->polling)
     poll_submit(p);
 }
 
@@ -293,7 +293,8 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
       f.parent[i] = -1; /* the stream's now, even on error */
     }
   if (!r)
-    r = weft__sock_register(&p->s, weft__sock_home(rt), false);
+    /* uring: its first poll; epoll: a first look */
+    r = weft__sock_register(&p->s, weft__sock_home(rt), false, EV_KICK);
   if (r) {
     for (int i = 0; streams && i < 3; i++)
       if (streams[i]) {
@@ -307,14 +308,13 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
   }
   if (out)
     *out = p;
-  weft__sock_kick(&p->s); /* uring: its first poll; epoll: a first look */
   return 0;
 }
 
 int weft_process_kill(weft_process *p, int signo) {
   if (!p || p->s.kind != SK_PROC || signo < 0 || signo >= NSIG)
     return -EINVAL;
-  if (weft__forked(p->s.rt))
+  if (weft__forked(weft__sock_rt(&p->s)))
     return -ECHILD;
   return pidfd_signal(p->s.fd, signo);
 }

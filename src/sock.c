@@ -41,19 +41,21 @@ void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
   weft__sock_signal(local, s, bits, c->gen);
 }
 
-void weft__sock_notify(struct weft__sock *s, uint64_t bits) {
-  struct weft__shard *sh = weft__local_begin(s->rt);
-  weft__sock_signal(sh, s, bits, s->gen);
+void weft__sock_notify(struct weft__sock *s, uint64_t bits, uint32_t gen) {
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(s));
+  weft__sock_signal(sh, s, bits, gen);
   weft__local_end(sh);
 }
 
-void weft__sock_kick(struct weft__sock *s) { weft__sock_notify(s, EV_KICK); }
+void weft__sock_kick(struct weft__sock *s) {
+  weft__sock_notify(s, EV_KICK, weft__sock_gen(s));
+}
 
 void weft__sock_yield(struct weft__sock *s) {
-  struct weft__shard *sh = weft__local_begin(s->rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(s));
   if (sh)
     sh->yield_turn = true; /* read by this thread's strand loop */
-  weft__sock_signal(sh, s, EV_KICK, s->gen);
+  weft__sock_signal(sh, s, EV_KICK, weft__sock_gen(s));
   weft__local_end(sh);
 }
 
@@ -84,7 +86,7 @@ void weft__sock_node_run(struct weft__nhead *h) {
   struct weft__sock *s =
       (struct weft__sock *)((char *)(h - idx) -
                             offsetof(struct weft__sock, node));
-  io_delay(s->rt, s->queued_at);
+  io_delay(weft__sock_rt(s), s->queued_at);
   uint32_t bits = weft__sock_ev_take(s, idx);
   if (s->state == ST_DONE) {
     if (s->free_pending) {
@@ -145,7 +147,7 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
   weft__local_end(sh);
   if (!s)
     return -ENOMEM;
-  uint64_t ev = weft__load(&s->ev, WA_RLX); /* survives a free */
+  /* All but ev, whose generation survives a free. */
   memset(s, 0, offsetof(struct weft__sock, ev));
   memset((char *)s + offsetof(struct weft__sock, ioh), 0,
          pool->objsize - offsetof(struct weft__sock, ioh));
@@ -154,10 +156,8 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
     s->node[i].idx = i;
   }
   s->ioh.done = done;
-  s->gen = (uint32_t)(ev >> 32);
   s->fd = fd;
   s->kind = (uint8_t)kind;
-  s->rt = rt;
   if (strand) {
     s->strand = strand;
   } else {
@@ -188,10 +188,14 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
  * EV_LIVE goes on only after the watch: a watch that fails leaves s seen by
  * nobody, so the caller may discard it. Events the watch delivers may run
  * s's handler before EV_LIVE is set, and even free it; the CAS sets it
- * only on the generation this call registered. */
-int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {
-  weft_rt *rt = s->rt;
-  uint32_t gen = s->gen; /* s may be freed and reused once it is watched */
+ * only on the generation this call registered. The same CAS raises the
+ * caller's first bits, so they come before the sweep's or with them: once
+ * s is live, the sweep may have it closed and freed at any time, and a
+ * signal made after the call could no longer tell which life it meant. */
+int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
+                        uint64_t bits) {
+  weft_rt *rt = weft__sock_rt(s);
+  uint32_t gen = weft__sock_gen(s);
   uint64_t cur = (uint64_t)gen << 32;
   /* release: publishes every field the creator set to reapers and
    * signallers (their acquire CAS), before any event can name s. */
@@ -202,25 +206,30 @@ int weft__sock_register(struct weft__sock *s, unsigned home, bool out) {
   int r = weft__io_watch(rt, reg, s->fd, &s->ioh, gen, out);
   if (r)
     return r; /* no event came: the caller discards s, seen by nobody */
+  uint64_t add = EV_LIVE | (bits ? bits | EV_QUEUED : 0);
   while ((uint32_t)(cur >> 32) == gen &&
-         !weft__cas(&s->ev, &cur, cur | EV_LIVE, WA_SC, WA_RLX))
+         !weft__cas(&s->ev, &cur, cur | add, WA_SC, WA_RLX))
     ;
+  struct weft__shard *sh = weft__local_begin(rt);
+  if (bits && (uint32_t)(cur >> 32) == gen && !(cur & EV_QUEUED))
+    queue(sh, s); /* this CAS turned EV_QUEUED on */
   if (weft__load(&rt->life.closing, WA_SC))
-    weft__sock_signal(NULL, s, EV_SHUTDOWN, gen);
+    weft__sock_signal(sh, s, EV_SHUTDOWN, gen);
+  weft__local_end(sh);
   return 0;
 }
 
 void weft__sock_close_fd(struct weft__sock *s) {
   if (s->fd < 0)
     return;
-  struct weft__shard *sh = weft__local_begin(s->rt);
-  weft__io_close(s->rt, sh, s->fd);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(s));
+  weft__io_close(weft__sock_rt(s), sh, s->fd);
   weft__local_end(sh);
   s->fd = -1;
 }
 
 static void really_free(struct weft__sock *s) {
-  weft_rt *rt = s->rt;
+  weft_rt *rt = weft__sock_rt(s);
   /* acq_rel: the last socket's release follows every other socket's use
    * of the strand. */
   weft_strand *st = s->strand;
@@ -244,7 +253,7 @@ void weft__sock_free(struct weft__sock *s) {
   /* Not here: the strand still reads the node that is running now. A
    * pooled node runs after it. Without memory for one, s stays out of
    * its pool until weft_rt_destroy frees the pools. */
-  weft_rt *rt = s->rt;
+  weft_rt *rt = weft__sock_rt(s);
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__node *n = weft__node_new(rt, sh, final_free, final_free, s);
   if (n)
@@ -254,7 +263,7 @@ void weft__sock_free(struct weft__sock *s) {
 
 void weft__sock_discard(struct weft__sock *s) {
   weft__sock_close_fd(s);
-  weft__store(&s->ev, (uint64_t)(s->gen + 1) << 32, WA_REL);
+  weft__store(&s->ev, (uint64_t)(weft__sock_gen(s) + 1) << 32, WA_REL);
   really_free(s);
 }
 

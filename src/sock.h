@@ -77,22 +77,35 @@ enum {
   ST_DONE        /* close callback delivered; freed when no node queued */
 };
 
+/* 72 bytes, all every kind needs: its generation is the event word's, its
+ * runtime its strand's (weft__sock_gen, weft__sock_rt). */
 struct weft__sock {
   struct weft__nhead node[2]; /* node[0] first: the pool may overwrite it */
   _Atomic uint64_t ev;        /* see the top of this file */
   struct weft__ioh ioh;       /* its operations' and readiness's handle */
-  uint32_t gen;
   int fd;
+  uint8_t kind, state; /* kind: which strand handler runs it (sock.c) */
+  bool free_pending;   /* freed once the queued node has run */
+  uint8_t post_idx;
   /* when the event that queued the socket's node came (weft__ticks), for
    * WEFT_HIST_IO_DELAY: written before the post, read by the node's run
    * (one node is queued at a time: EV_QUEUED) */
   uint64_t queued_at;
-  uint8_t kind, state; /* kind: which strand handler runs it (sock.c) */
-  bool free_pending;   /* freed once the queued node has run */
-  uint8_t post_idx;
-  weft_rt *rt;
   weft_strand *strand;
 };
+
+/* The generation of s's current life: the event word's high half, which
+ * only the free moves on (weft__sock_ev_retire, weft__sock_discard). Any
+ * thread; read off the strand, it is the life s had at some moment of the
+ * call. */
+static inline uint32_t weft__sock_gen(const struct weft__sock *s) {
+  return (uint32_t)(weft__load(&s->ev, WA_RLX) >> 32);
+}
+
+/* Its runtime: its strand's, which outlives it. */
+static inline weft_rt *weft__sock_rt(const struct weft__sock *s) {
+  return s->strand->rt;
+}
 
 /* The event word's steps (the protocol at the top of this file), here so
  * that the model tests (tests/model/) drive the same code. */
@@ -139,7 +152,7 @@ static inline uint32_t weft__sock_ev_take(struct weft__sock *s, unsigned idx) {
  * (true); false: the queued node's run frees s. */
 static inline bool weft__sock_ev_retire(struct weft__sock *s) {
   uint64_t cur = weft__load(&s->ev, WA_ACQ);
-  uint64_t next = (uint64_t)(s->gen + 1) << 32;
+  uint64_t next = (uint64_t)((uint32_t)(cur >> 32) + 1) << 32;
   return !(cur & EV_QUEUED) && weft__cas(&s->ev, &cur, next, WA_AR, WA_ACQ);
 }
 
@@ -170,12 +183,14 @@ void weft__proc_run(struct weft__sock *s, uint32_t bits);
  * head: takes the socket's bits and calls its kind's handler. */
 void weft__sock_node_run(struct weft__nhead *h);
 /* Publishes s (every field set before this call), registers it with its
- * home shard's backend (watching output too if out) and marks it live for
- * the shutdown sweep. -ESHUTDOWN once the runtime shuts down, or the
- * backend's error: the caller then discards s, which nobody has seen. A
- * runtime that starts to shut down during the call may shut s down
- * instead, after a return of 0. */
-int weft__sock_register(struct weft__sock *s, unsigned home, bool out);
+ * home shard's backend (watching output too if out), marks it live for
+ * the shutdown sweep and raises bits (0: none) on it, from any thread.
+ * -ESHUTDOWN once the runtime shuts down, or the backend's error: the
+ * caller then discards s, which nobody has seen. A runtime that starts to
+ * shut down during the call may shut s down instead, after a return of 0:
+ * s may be freed by then, so the caller signals it only through bits. */
+int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
+                        uint64_t bits);
 /* Frees a socket that was never registered or never seen by the user. */
 void weft__sock_discard(struct weft__sock *s);
 /* Frees s (on its strand) once no node of it is queued. */
@@ -189,8 +204,10 @@ void weft__sock_close_fd(struct weft__sock *s);
  * local: the calling thread's shard, or NULL. */
 void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
                        uint64_t bits, uint32_t gen_tag);
-/* The same from any thread, for the socket's current life. */
-void weft__sock_notify(struct weft__sock *s, uint64_t bits);
+/* The same from any thread, for s's life gen (weft__sock_gen, read while
+ * the caller knew that life was going on: a signal for one that ended
+ * since is dropped). */
+void weft__sock_notify(struct weft__sock *s, uint64_t bits, uint32_t gen);
 /* From the socket's strand: run its state machine again soon. */
 void weft__sock_kick(struct weft__sock *s);
 /* The same, after the other strands queued on this shard: the kick goes

@@ -124,7 +124,7 @@ static void connect_timeout(void *arg, int status, uint64_t missed) {
 static void connect_start(struct weft__conn *c) {
   struct weft__connect *cn = c->cn;
   if (cn->timeout_ns) {
-    int r = weft_timer_create(c->s.rt, c->s.strand, &cn->timer);
+    int r = weft_timer_create(weft__sock_rt(&c->s), c->s.strand, &cn->timer);
     if (!r)
       r = weft_timer_start(cn->timer, cn->timeout_ns, 0, connect_timeout, c);
     if (r) {
@@ -134,18 +134,18 @@ static void connect_start(struct weft__conn *c) {
   }
   const struct sockaddr *addr = (const struct sockaddr *)&cn->addr;
   if (cn->addr.ss_family == AF_UNIX) {
-    connect_done(c, weft__sim_fault(c->s.rt, WEFT_SIM_FAULT_REFUSE)
+    connect_done(c, weft__sim_fault(weft__sock_rt(&c->s), WEFT_SIM_FAULT_REFUSE)
                         ? -ECONNREFUSED
                         : weft__unix_connect(c->s.fd, addr, cn->addrlen));
     return;
   }
-  if (weft__io_completes(c->s.rt)) {
-    struct weft__shard *sh = weft__local_begin(c->s.rt);
+  if (weft__io_completes(weft__sock_rt(&c->s))) {
+    struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
     c->rd_inflight =
         weft__io_connect(sh, c->s.fd, addr, cn->addrlen, &c->s.ioh) == 0;
     weft__local_end(sh);
     if (!c->rd_inflight)
-      weft__sock_notify(&c->s, EV_CONNECT); /* try again shortly */
+      weft__sock_notify(&c->s, EV_CONNECT, weft__sock_gen(&c->s)); /* later */
     return;
   }
   int r;
@@ -225,7 +225,7 @@ static void close_begin(struct weft__conn *c) {
 static void accepted_run(struct weft__conn *c) {
   struct weft_listener *l = c->lst;
   c->lst = NULL;
-  if (weft__load(&c->s.rt->life.closing, WA_ACQ)) {
+  if (weft__load(&weft__sock_rt(&c->s)->life.closing, WA_ACQ)) {
     /* Shutting down: the user never sees it. */
     c->s.state = ST_CLOSING;
     close_finish(c);
@@ -265,7 +265,7 @@ static void post_close(struct weft__conn *c) {
   weft__until_free(c);
   weft__fdq_free(c);
   c->close_posted = true;
-  weft_rt *rt = c->s.rt;
+  weft_rt *rt = weft__sock_rt(&c->s);
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__node *n = weft__node_new(rt, sh, close_run, close_run, c);
   if (n)
@@ -397,12 +397,11 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
 #ifdef WEFT_SIM
   sim_accepted(c, l);
 #endif
-  if (weft__sock_register(&c->s, home, true) < 0) {
-    weft__sock_discard(&c->s);
-    return;
-  }
   weft__listener_hold(l);
-  weft__sock_notify(&c->s, EV_ACCEPTED);
+  if (weft__sock_register(&c->s, home, true, EV_ACCEPTED) < 0) {
+    weft__sock_discard(&c->s);
+    weft__listener_delivered(l);
+  }
 }
 
 /* ---- the API ---------------------------------------------------------------
@@ -411,7 +410,7 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
 int weft__tcp_on_strand(const struct weft__conn *c, const char *what) {
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
-  if (weft__forked(c->s.rt))
+  if (weft__forked(weft__sock_rt(&c->s)))
     return -ECHILD;
   if (!weft__sock_on_strand(&c->s))
     return weft__tcp_off_strand(c, what);
@@ -429,9 +428,11 @@ int weft__tcp_usable(const struct weft__conn *c, const char *what) {
   case ST_CONNECTING:
     return -ENOTCONN;
   case ST_OPEN:
-    return weft__load(&c->s.rt->life.closing, WA_RLX) ? -ESHUTDOWN : 0;
+    return weft__load(&weft__sock_rt(&c->s)->life.closing, WA_RLX) ? -ESHUTDOWN
+                                                                   : 0;
   default:
-    return weft__load(&c->s.rt->life.closing, WA_RLX) ? -ESHUTDOWN : -EBADF;
+    return weft__load(&weft__sock_rt(&c->s)->life.closing, WA_RLX) ? -ESHUTDOWN
+                                                                   : -EBADF;
   }
 }
 
@@ -472,15 +473,19 @@ int weft_tcp_close(weft_tcp *tcp, int abortive) {
   struct weft__conn *c = weft__conn_of(tcp);
   if (!c || c->s.kind != SK_CONN)
     return -EINVAL;
-  if (weft__forked(c->s.rt))
+  if (weft__forked(weft__sock_rt(&c->s)))
     return -ECHILD;
-  weft_rt *rt = c->s.rt;
+  weft_rt *rt = weft__sock_rt(&c->s);
   bool foreign = weft_rt_current() != rt;
   if (foreign) {
     int r = weft__busy_enter(rt);
     if (r)
       return r; /* shutting down: the shutdown closes c */
   }
+  /* c is open while the caller may call this; a claim keeps it so (the
+   * close callback waits for EV_CLOSE), but the life read here needs no
+   * such argument */
+  uint32_t gen = weft__sock_gen(&c->s);
   uint32_t none = 0;
   if (!weft__cas(&c->close_req, &none,
                  CLOSE_USER | (abortive ? CLOSE_ABORT : 0), WA_RLX, WA_RLX)) {
@@ -488,7 +493,7 @@ int weft_tcp_close(weft_tcp *tcp, int abortive) {
       weft__busy_drop(rt, 1);
     return -EALREADY;
   }
-  weft__sock_notify(&c->s, EV_CLOSE); /* release: close_req goes too */
+  weft__sock_notify(&c->s, EV_CLOSE, gen); /* release: close_req goes too */
   if (foreign)
     weft__busy_drop(rt, 1);
   return 0;
@@ -510,7 +515,7 @@ void *weft_tcp_data(const weft_tcp *tcp) {
 }
 
 int weft__tcp_off_strand(const struct weft__conn *c, const char *what) {
-  weft__log(c->s.rt, WEFT_LOG_DEBUG,
+  weft__log(weft__sock_rt(&c->s), WEFT_LOG_DEBUG,
             "%s(%p): not called on the connection's strand (%p): call it "
             "from one of the connection's callbacks, or post to "
             "weft_tcp_strand(conn)",
@@ -612,15 +617,15 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
   cn->arg = arg;
   c->cn = cn;
   c->s.state = ST_CONNECTING;
-  r = weft__sock_register(&c->s, home, true);
+  *out = (weft_tcp *)c; /* before: c may be closed and freed at once */
+  r = weft__sock_register(&c->s, home, true, EV_CONNECT);
   if (r) {
+    *out = NULL;
     c->cn = NULL;
     free(cn);
     weft__sock_discard(&c->s);
     return r;
   }
-  *out = (weft_tcp *)c;
-  weft__sock_notify(&c->s, EV_CONNECT);
   return 0;
 }
 
@@ -634,7 +639,7 @@ int weft__tcp_adopt(weft_rt *rt, weft_strand *s, int fd, weft_tcp **out) {
   }
   c->s.state = ST_OPEN;
   c->readable = c->writable = true;
-  r = weft__sock_register(&c->s, home, true);
+  r = weft__sock_register(&c->s, home, true, 0);
   if (r) {
     weft__sock_discard(&c->s); /* closes fd */
     return r;

@@ -18,7 +18,7 @@ static int sockopt(weft_tcp *c, int level, int name, int val) {
   struct weft__sock *s = c ? &weft__conn_of(c)->s : NULL;
   if (!s || s->kind != SK_CONN)
     return -EINVAL;
-  if (weft__forked(s->rt))
+  if (weft__forked(weft__sock_rt(s)))
     return -ECHILD;
   if (!weft__sock_on_strand(s))
     return weft__tcp_off_strand(weft__conn_of(c), "weft_tcp option");
@@ -55,7 +55,7 @@ static int addr_of(weft_tcp *c, struct sockaddr *addr, unsigned *addrlen,
   struct weft__sock *s = c ? &weft__conn_of(c)->s : NULL;
   if (!s || !addr || !addrlen || s->kind != SK_CONN)
     return -EINVAL;
-  if (weft__forked(s->rt))
+  if (weft__forked(weft__sock_rt(s)))
     return -ECHILD;
   if (!weft__sock_on_strand(s))
     return weft__tcp_off_strand(weft__conn_of(c), peer ? "weft_tcp_peer_addr"

@@ -138,7 +138,7 @@ static void grab(struct weft__conn *c) {
 
 static void put(struct weft__conn *c, struct weft__rbuf *b) {
   weft__fetch_sub(&c->rheld, 1, WA_RLX);
-  weft__io_buf_put(c->s.rt, b);
+  weft__io_buf_put(weft__sock_rt(&c->s), b);
 }
 
 /* Copies up to len queued bytes to dst; hands back the buffers emptied. */
@@ -165,7 +165,7 @@ static size_t take(struct weft__conn *c, char *dst, size_t len) {
 /* Puts a receive in the kernel: multishot where the ring has buffers,
  * else one-shot into the reader's buffer. */
 static void arm(struct weft__conn *c) {
-  weft_rt *rt = c->s.rt;
+  weft_rt *rt = weft__sock_rt(&c->s);
   struct weft__shard *sh = weft__local_begin(rt);
   int r = -ENOBUFS;
   if (sh && !c->rd_nobufs && !weft__tcp_fdq(c) &&
@@ -222,7 +222,7 @@ static void pump(struct weft__conn *c) {
 /* A non-blocking receive into the reader's buffer; with descriptors
  * allowed, a recvmsg that keeps those it carries. */
 static ssize_t recv_direct(struct weft__conn *c) {
-  if (weft__sim_fault(c->s.rt, WEFT_SIM_FAULT_BREAK))
+  if (weft__sim_fault(weft__sock_rt(&c->s), WEFT_SIM_FAULT_BREAK))
     shutdown(c->s.fd, SHUT_RDWR); /* a simulated break (sim.h) */
   if (!weft__tcp_fdq(c))
     return recv(c->s.fd, c->rbuf, c->rlen, MSG_DONTWAIT);
@@ -252,7 +252,7 @@ static void recv_now(struct weft__conn *c) {
 }
 
 void weft__recv_run(struct weft__conn *c) {
-  if (weft__io_completes(c->s.rt))
+  if (weft__io_completes(weft__sock_rt(&c->s)))
     pump(c);
   else
     recv_now(c);
@@ -260,7 +260,7 @@ void weft__recv_run(struct weft__conn *c) {
 
 void weft__recv_start(struct weft__conn *c) {
   c->read_made = true;
-  if (!weft__io_completes(c->s.rt)) {
+  if (!weft__io_completes(weft__sock_rt(&c->s))) {
     if (c->readable)
       weft__sock_kick(&c->s); /* read in the handler, not in this call */
   } else if (c->rq_head || c->rd_term_set || weft__load(&c->rin, WA_RLX)) {
@@ -280,7 +280,7 @@ void weft__recv_completed(struct weft__conn *c) {
     weft__fdq_collect(c); /* closing or not: the queue owns them now */
   c->rd_short = res > 0 && (size_t)res < c->rlen;
   if (res == -EINVAL && c->rd_pollfirst)
-    weft__store(&c->s.rt->net.no_poll_first, 1, WA_RLX);
+    weft__store(&weft__sock_rt(&c->s)->net.no_poll_first, 1, WA_RLX);
   if (c->s.state == ST_CLOSING) {
     weft__recv_done(c, weft__tcp_close_status(c));
   } else if (res == -EINTR || res == -EAGAIN || res == -ECANCELED ||
@@ -305,12 +305,12 @@ void weft__recv_ended(struct weft__conn *c) {
     return; /* pump arms another when a read is pending */
   case -ENOBUFS:
     c->rd_nobufs = true;
-    weft__fetch_add(&c->s.rt->net.recv_nobufs, 1, WA_RLX);
+    weft__fetch_add(&weft__sock_rt(&c->s)->net.recv_nobufs, 1, WA_RLX);
     return;
   case -EINVAL:
     /* Before 6.0: no multishot receive. From now on one-shots, which
      * report an -EINVAL of the socket's own. */
-    weft__store(&c->s.rt->net.no_multishot, 1, WA_RLX);
+    weft__store(&weft__sock_rt(&c->s)->net.no_multishot, 1, WA_RLX);
     return;
   default:
     break;
@@ -349,7 +349,7 @@ void weft__recv_cancel(struct weft__conn *c) {
  * entry leaves with the thread's next enter. false: it is elsewhere (a
  * handoff moved it), or the ring is full. */
 bool weft__recv_cancel_local(struct weft__conn *c) {
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
   bool ok = sh && weft__io_of(sh) == c->m_io &&
             weft__io_cancel(sh, &c->s.ioh, WEFT_OP_RECVM, false) == 0;
   if (ok)

@@ -61,9 +61,9 @@ static const struct weft__wmark *wm_of(const struct weft__conn *c) {
 static struct weft__wstate *ws_get(struct weft__conn *c) {
   if (c->ws)
     return c->ws;
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
-  struct weft__wstate *ws = weft__pool_alloc(&c->s.rt->net.wstate_pool,
-                                             sh ? &sh->cache.wstate : NULL);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
+  struct weft__wstate *ws = weft__pool_alloc(
+      &weft__sock_rt(&c->s)->net.wstate_pool, sh ? &sh->cache.wstate : NULL);
   weft__local_end(sh);
   if (ws)
     memset(ws, 0, offsetof(struct weft__wstate, inl));
@@ -77,8 +77,9 @@ static void ws_put(struct weft__conn *c) {
   struct weft__wstate *ws = c->ws;
   if (!ws || ws->wq_head || ws->done_head || ws->sb || c->wr_inflight)
     return;
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
-  weft__pool_free(&c->s.rt->net.wstate_pool, sh ? &sh->cache.wstate : NULL, ws);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
+  weft__pool_free(&weft__sock_rt(&c->s)->net.wstate_pool,
+                  sh ? &sh->cache.wstate : NULL, ws);
   weft__local_end(sh);
   c->ws = NULL;
 }
@@ -244,7 +245,7 @@ static void write_failed(struct weft__conn *c, int err) {
  * with the file's first bytes (a response's head and its body). */
 static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
   int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (sb->file_next ? MSG_MORE : 0);
-  if (weft__sim_fault(c->s.rt, WEFT_SIM_FAULT_BREAK))
+  if (weft__sim_fault(weft__sock_rt(&c->s), WEFT_SIM_FAULT_BREAK))
     shutdown(c->s.fd, SHUT_RDWR); /* a simulated break (sim.h) */
   if (sb->msg.msg_iovlen == 1 && !sb->msg.msg_control)
     return send(c->s.fd, sb->iov[0].iov_base, sb->iov[0].iov_len, flags);
@@ -313,9 +314,9 @@ static struct weft__sendbuf *sendbuf_get(weft_rt *rt, struct weft__shard *sh) {
 }
 
 static void sendbuf_put(struct weft__conn *c) {
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
-  weft__pool_free(&c->s.rt->net.send_pool, sh ? &sh->cache.send : NULL,
-                  c->ws->sb);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
+  weft__pool_free(&weft__sock_rt(&c->s)->net.send_pool,
+                  sh ? &sh->cache.send : NULL, c->ws->sb);
   weft__local_end(sh);
   c->ws->sb = NULL;
 }
@@ -327,7 +328,7 @@ static void sendbuf_put(struct weft__conn *c) {
  * in one entry and reach the peers as one burst. true: it is in the ring
  * (wr_inflight, sb held until it completes). */
 static bool send_ring(struct weft__conn *c) {
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
   struct weft__sendbuf *sb = c->ws->sb;
   bool in = sh && sb && weft__io_send(sh, c->s.fd, &sb->msg, &c->s.ioh) == 0;
   weft__local_end(sh);
@@ -338,7 +339,7 @@ static bool send_ring(struct weft__conn *c) {
 /* A one-shot poll for room in the socket, in the calling thread's ring
  * (wr_inflight and wr_poll until it completes); false without an entry. */
 static bool poll_room(struct weft__conn *c) {
-  struct weft__shard *sh = weft__local_begin(c->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
   bool in = sh && weft__io_poll_fd(sh, c->s.fd, WEFT_IO_OUT, &c->s.ioh) == 0;
   weft__local_end(sh);
   c->wr_inflight = c->wr_poll = in;
@@ -391,8 +392,8 @@ static void send_submit(struct weft__conn *c) {
       continue;
     }
     if (!ws->sb) {
-      struct weft__shard *sh = weft__local_begin(c->s.rt);
-      ws->sb = sendbuf_get(c->s.rt, sh);
+      struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
+      ws->sb = sendbuf_get(weft__sock_rt(&c->s), sh);
       weft__local_end(sh);
       if (!ws->sb) {
         weft__sock_kick(&c->s); /* no memory now: later */
@@ -437,7 +438,7 @@ static void send_submit(struct weft__conn *c) {
 void weft__send_pump(struct weft__conn *c) {
   if (c->s.state != ST_OPEN)
     return;
-  if (weft__send_queued(c) && weft__io_completes(c->s.rt))
+  if (weft__send_queued(c) && weft__io_completes(weft__sock_rt(&c->s)))
     send_submit(c);
   else if (weft__send_queued(c))
     send_now(c);

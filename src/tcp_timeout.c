@@ -105,7 +105,7 @@ int weft_tcp_set_timeouts(weft_tcp *tcp, uint64_t idle_ns, uint64_t read_ns,
       return 0;
     if (!weft__tcp_more(c) || !(t = calloc(1, sizeof(*t))))
       return -ENOMEM;
-    r = weft_timer_create(c->s.rt, c->s.strand, &t->timer);
+    r = weft_timer_create(weft__sock_rt(&c->s), c->s.strand, &t->timer);
     if (r) {
       free(t);
       return r;

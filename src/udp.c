@@ -138,7 +138,7 @@ static void fill_msg(struct udp *u, struct sq_ent *e, struct msghdr *m,
 static void ring_send(struct udp *u) {
   struct sq_ent *e = &u->sq[u->head % QUEUE_ENTRIES];
   fill_msg(u, e, &u->wmsg, &u->wiov);
-  struct weft__shard *sh = weft__local_begin(u->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&u->s));
   u->ring_send = weft__io_send(sh, u->s.fd, &u->wmsg, &u->s.ioh) == 0;
   weft__local_end(sh);
   if (!u->ring_send)
@@ -164,8 +164,8 @@ static void sim_flush(struct udp *u) {
       send_complete(u, -EDESTADDRREQ);
       continue;
     }
-    if (weft__sim_fault(u->s.rt, WEFT_SIM_FAULT_DROP) ||
-        weft__sim_udp_name(u->s.rt, &to, &un, &unlen, false)) {
+    if (weft__sim_fault(weft__sock_rt(&u->s), WEFT_SIM_FAULT_DROP) ||
+        weft__sim_udp_name(weft__sock_rt(&u->s), &to, &un, &unlen, false)) {
       send_complete(u, 0);
       continue;
     }
@@ -185,7 +185,7 @@ static void sim_flush(struct udp *u) {
 static void flush(struct udp *u) {
   u->kicked = false;
 #ifdef WEFT_SIM
-  if (weft__simulated(u->s.rt)) {
+  if (weft__simulated(weft__sock_rt(&u->s))) {
     sim_flush(u);
     return;
   }
@@ -203,7 +203,7 @@ static void flush(struct udp *u) {
     while (r < 0 && errno == EINTR);
     if (r < 0 && errno == EAGAIN) {
       u->writable = false;
-      if (weft__io_completes(u->s.rt))
+      if (weft__io_completes(weft__sock_rt(&u->s)))
         ring_send(u);
       return;
     }
@@ -225,7 +225,7 @@ static void fail_queued(struct udp *u) {
  */
 
 static void poll_submit(struct udp *u) {
-  struct weft__shard *sh = weft__local_begin(u->s.rt);
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&u->s));
   u->polling = weft__io_poll_fd(sh, u->s.fd, WEFT_IO_IN, &u->s.ioh) == 0;
   weft__local_end(sh);
   if (!u->polling)
@@ -240,7 +240,8 @@ static void deliver(struct udp *u, unsigned i) {
   unsigned fromlen = m->msg_hdr.msg_namelen;
 #ifdef WEFT_SIM
   struct sockaddr_storage in;
-  if (weft__simulated(u->s.rt)) { /* the sender's port, as UDP reads it */
+  if (weft__simulated(
+          weft__sock_rt(&u->s))) { /* the sender's port, as UDP reads it */
     uint16_t port =
         weft__sim_port_of((const struct sockaddr_un *)from, fromlen);
     const struct sockaddr_in *p4 = (const struct sockaddr_in *)&u->sim_peer;
@@ -298,7 +299,7 @@ static void recv_batches(struct udp *u) {
     return;
   if (u->readable)
     weft__sock_yield(&u->s); /* more wait: after the shard's others */
-  else if (weft__io_completes(u->s.rt) && !u->polling)
+  else if (weft__io_completes(weft__sock_rt(&u->s)) && !u->polling)
     poll_submit(u);
 }
 
@@ -328,7 +329,7 @@ static void close_run(void *arg) {
  * connection's, tcp.c); its cancel is itself. */
 static void post_close(struct udp *u) {
   u->close_posted = true;
-  weft_rt *rt = u->s.rt;
+  weft_rt *rt = weft__sock_rt(&u->s);
   struct weft__shard *sh = weft__local_begin(rt);
   struct weft__node *n = weft__node_new(rt, sh, close_run, close_run, u);
   if (n)
@@ -394,10 +395,10 @@ static void udp_done(struct weft__ioh *h, struct weft__shard *local,
 static int usable(const struct udp *u, const char *what) {
   if (!u || u->s.kind != SK_UDP)
     return -EINVAL;
-  if (weft__forked(u->s.rt))
+  if (weft__forked(weft__sock_rt(&u->s)))
     return -ECHILD;
   if (!weft__sock_on_strand(&u->s)) {
-    weft__log(u->s.rt, WEFT_LOG_DEBUG,
+    weft__log(weft__sock_rt(&u->s), WEFT_LOG_DEBUG,
               "%s(%p): not called on the socket's strand (%p)", what,
               (const void *)u, (void *)u->s.strand);
     return -EPERM;
@@ -521,7 +522,7 @@ int weft_udp_open(weft_rt *rt, weft_strand *s, const struct sockaddr *addr,
 #endif
   u->writable = true;
   u->readable = true; /* a first recvmmsg tells */
-  r = weft__sock_register(&u->s, home, true);
+  r = weft__sock_register(&u->s, home, true, 0);
   if (r) {
     udp_free_bufs(u);
     weft__sock_discard(sk);
@@ -620,7 +621,8 @@ int weft_udp_connect(weft_udp *wu, const struct sockaddr *addr,
     return r;
   }
 #ifdef WEFT_SIM
-  if (weft__simulated(u->s.rt)) { /* remembered: sim_flush, deliver */
+  if (weft__simulated(
+          weft__sock_rt(&u->s))) { /* remembered: sim_flush, deliver */
     memset(&u->sim_peer, 0, sizeof(u->sim_peer));
     if (addr != &unspec)
       memcpy(&u->sim_peer, addr, (size_t)family_len(u->family));
@@ -642,7 +644,7 @@ int weft_udp_membership(weft_udp *wu, const struct sockaddr *group,
     return r;
   if (!group || (r = send_check(u, 0, group, grouplen)))
     return r ? r : -EINVAL;
-  if (weft__simulated(u->s.rt))
+  if (weft__simulated(weft__sock_rt(&u->s)))
     return -ENOTSUP; /* one simulated host: no groups */
   if (group->sa_family == AF_INET) {
     struct ip_mreqn m = {.imr_ifindex = (int)ifindex};
@@ -688,7 +690,7 @@ int weft_udp_local_addr(weft_udp *wu, struct sockaddr *addr,
   if (!addr || !addrlen)
     return -EINVAL;
 #ifdef WEFT_SIM
-  if (weft__simulated(u->s.rt)) {
+  if (weft__simulated(weft__sock_rt(&u->s))) {
     weft__sim_host_addr(u->family, u->sim_port, addr, addrlen);
     return 0;
   }
@@ -704,7 +706,7 @@ int weft_udp_close(weft_udp *wu) {
   struct udp *u = udp_of(wu);
   if (!u || u->s.kind != SK_UDP)
     return -EINVAL;
-  weft_rt *rt = u->s.rt;
+  weft_rt *rt = weft__sock_rt(&u->s);
   if (weft__forked(rt))
     return -ECHILD;
   bool foreign = weft_rt_current() != rt;
@@ -713,10 +715,12 @@ int weft_udp_close(weft_udp *wu) {
     if (r)
       return r; /* shutting down: the shutdown closes u */
   }
+  /* before the claim: a shutdown may close and free u after it */
+  uint32_t gen = weft__sock_gen(&u->s);
   uint32_t none = 0;
   int r = weft__cas(&u->close_req, &none, 1, WA_RLX, WA_RLX) ? 0 : -EALREADY;
   if (!r)
-    weft__sock_notify(&u->s, EV_CLOSE);
+    weft__sock_notify(&u->s, EV_CLOSE, gen);
   if (foreign)
     weft__busy_drop(rt, 1);
   return r;

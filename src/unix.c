@@ -145,7 +145,7 @@ int weft_tcp_peer_cred(weft_tcp *c, weft_cred *out) {
   struct weft__sock *s = c ? &weft__conn_of(c)->s : NULL;
   if (!s || !out || s->kind != SK_CONN)
     return -EINVAL;
-  if (weft__forked(s->rt))
+  if (weft__forked(weft__sock_rt(s)))
     return -ECHILD;
   if (!weft__sock_on_strand(s))
     return weft__tcp_off_strand(weft__conn_of(c), "weft_tcp_peer_cred");

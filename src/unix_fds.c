@@ -68,7 +68,7 @@ struct msghdr *weft__fdq_msg(struct weft__conn *c) {
 
 static void push(struct weft__conn *c, struct weft__fdq *q, int fd) {
   if (q->count == q->max) { /* the room offered was less: weft's bug */
-    weft__log(c->s.rt, WEFT_LOG_ERROR,
+    weft__log(weft__sock_rt(&c->s), WEFT_LOG_ERROR,
               "internal: a descriptor beyond the limit of %u received", q->max);
     close(fd);
     q->dropped = true;
