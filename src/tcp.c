@@ -35,10 +35,16 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* An idle connection's memory is mostly this (tcp.h), a simulation's
- * (sim.h) too: the ports of its TCP addresses fill holes. */
+/* An idle connection's memory is mostly this (tcp.h). A simulation's
+ * (sim.h) has the family and ports of its TCP addresses too: a fourth
+ * line there. */
+#ifdef WEFT_SIM
 _Static_assert(sizeof(struct weft__conn) <= 4 * WEFT_CACHELINE,
-               "a connection is four cache lines at most");
+               "a simulation's connection is four cache lines at most");
+#else
+_Static_assert(sizeof(struct weft__conn) <= 3 * WEFT_CACHELINE,
+               "a connection is three cache lines at most");
+#endif
 
 #define READ_MAX ((size_t)1 << 30)
 

@@ -9,8 +9,7 @@
  * (sock.h), close_req (weft_tcp_close, from any thread), the results the
  * io_uring reaper writes before it signals their event (rres, wres,
  * mres), and what it shares with the strand for a multishot receive
- * (rin, rheld, mcancel, mclosing, m_armer: tcp_recv.c has their
- * argument).
+ * (rin, mstate, m_armer: tcp_recv.c has their argument).
  */
 #ifndef WEFT_TCP_H
 #define WEFT_TCP_H
@@ -105,10 +104,11 @@ struct weft__connect {
 };
 
 /* Every connection, idle ones included, holds one of these, carved in
- * whole cache lines (pool.c): it is kept to five (tcp.c asserts it). What
- * only some connections use, for a while or at all, is held elsewhere:
- * the writes' state while there are writes, and behind `more` the
- * watermarks, timeouts, read-until and descriptor passing. */
+ * whole cache lines (pool.c): three (tcp.c asserts it, but in a
+ * simulation's build). What only some connections use, for a while or at
+ * all, is held elsewhere: the writes' state while there are writes, and
+ * behind `more` the watermarks, timeouts, read-until and descriptor
+ * passing. The 4-byte words come first, in pairs, then the pointers. */
 struct weft__conn {
   struct weft__sock s;
   /* Flags, in bits: all are read and written on the strand alone (what
@@ -124,35 +124,29 @@ struct weft__conn {
   bool rd_short : 1;     /* uring: the last receive drained the socket */
   bool rd_pollfirst : 1; /* uring: the receive in flight waits for data first */
   /* uring's multishot receive (tcp_recv.c): rd_multi while one is in the
-   * kernel; rq: buffers taken from rin, unread; rd_term: end of file or
-   * error to deliver once rq is read (rd_term_set) */
+   * kernel; rq: buffers taken from rin, unread; rd_term_set: mres holds
+   * the end of file or error to deliver once rq is read */
   bool rd_multi : 1, rd_nobufs : 1, rd_term_set : 1, in_pump : 1;
   bool read_made : 1;    /* a read was made (weft_tcp_set_fd_limit) */
   bool close_posted : 1; /* the close callback is queued (tcp.c, post_close) */
 #ifdef WEFT_SIM
   /* A TCP connection of a simulation, a Unix socket underneath (sim.h):
    * the family and the ports its addresses read; sim_family 0 for a real
-   * Unix connection. Here and below they fill holes. */
+   * Unix connection. */
   uint8_t sim_family;
 #endif
   int err;            /* sticky write error, 0 if none */
   int32_t rres, wres; /* uring: results of the ops in the kernel */
-  int32_t mres;       /* the multishot's end, written by the reaper */
-  /* read: a read's buffer, its length (at most READ_MAX, tcp.c), its
-   * callback */
-  uint32_t rlen;
-  void *rbuf;
-  weft_read_fn rfn;
-  void *rarg;
-  struct weft__rbuf *rq_head, *rq_tail;
-  _Atomic(struct weft__rbuf *) rin; /* pushed by the reaper */
-  _Atomic uint32_t rheld;           /* pushed and not yet handed back */
-  _Atomic uint32_t mcancel;         /* the reaper asked to cancel it */
-  _Atomic uint32_t mclosing;        /* the socket closes: cancel it */
-  int32_t rd_term; /* here, not with the flags: it fills a hole */
-  _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
-  struct weft__io *m_io;   /* the ring it went to (strand only) */
-  struct weft__wstate *ws; /* writes: their state while any is held */
+  /* The multishot's end, written by the reaper; once it is handled, the
+   * end of file or error to deliver (rd_term_set), until a read takes it:
+   * no receive is armed meanwhile. */
+  int32_t mres;
+  uint32_t rlen; /* a read's length (at most READ_MAX, tcp.c) */
+  /* What the reaper and the strand share of the multishot receive
+   * (tcp_recv.c): the buffers pushed and not yet handed back (MS_HELD's
+   * bits), MS_CANCEL (a cancel was asked) and MS_CLOSING (the socket
+   * closes: cancel it). */
+  _Atomic uint32_t mstate;
   /* close: close_req goes 0 -> CLOSE_USER, with CLOSE_ABORT for an
    * abortive close (weft_tcp_close, any thread, which then signals
    * EV_CLOSE) or 0 -> CLOSE_SELF (on the strand: a shutdown, a failed
@@ -163,15 +157,26 @@ struct weft__conn {
 #ifdef WEFT_SIM
   uint16_t sim_lport, sim_pport;
 #endif
-  weft_close_fn clfn; /* weft_tcp_set_data */
+  /* One word, by state: the listener until the accept callback (ST_NEW),
+   * the request while connecting (ST_CONNECTING), then a read's buffer
+   * (reads are made only once open: weft__tcp_usable). */
+  union {
+    struct weft_listener *lst;
+    struct weft__connect *cn;
+    void *rbuf;
+  };
+  weft_read_fn rfn; /* a read's callback and argument */
+  void *rarg;
+  /* The unread buffers taken from rin, a ring through their next: rq is
+   * the last, rq->next the first; NULL when none. */
+  struct weft__rbuf *rq;
+  _Atomic(struct weft__rbuf *) rin;       /* pushed by the reaper */
+  _Atomic(struct weft__thread *) m_armer; /* the thread that submitted it */
+  struct weft__io *m_io;   /* the ring it went to (strand only) */
+  struct weft__wstate *ws; /* writes: their state while any is held */
+  weft_close_fn clfn;      /* weft_tcp_set_data */
   void *data;
   struct weft__tcp_more *more; /* NULL until something of it is set */
-  /* A new connection's one link at a time: the request while connecting
-   * (ST_CONNECTING), the listener until the accept callback (ST_NEW). */
-  union {
-    struct weft__connect *cn;
-    struct weft_listener *lst;
-  };
 };
 
 static inline struct weft__conn *weft__conn_of(const weft_tcp *c) {

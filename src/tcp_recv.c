@@ -20,13 +20,14 @@
  * buffer, then multishot again.
  *
  * A socket nobody reads would keep filling the shared ring, so the reaper
- * cancels a receive whose socket holds RHELD_CAP unread buffers (`rheld`,
- * counted up by the reaper and down by the strand: a bound, not an exact
- * count), and submits the cancel at once. The kernel's receive takes all
- * that the socket holds in one pass, so what the socket had received by
- * then lands too (8-22 buffers a connection in test_tcp_recv_unread); the
- * ring's size bounds them all, and a socket that finds it empty falls back
- * as above instead of waiting for the others.
+ * cancels a receive whose socket holds RHELD_CAP unread buffers
+ * (MS_HELD of `mstate`, counted up by the reaper and down by the strand: a
+ * bound, not an exact count), and submits the cancel at once. The
+ * kernel's receive takes all that the socket holds in one pass, so what
+ * the socket had received by then lands too (8-22 buffers a connection in
+ * test_tcp_recv_unread); the ring's size bounds them all, and a socket
+ * that finds it empty falls back as above instead of waiting for the
+ * others.
  *
  * The rin stack: the reaper CASes the head (release, after writing the
  * buffer's len, off and next), the strand takes it all with one exchange
@@ -35,6 +36,13 @@
  * the end's result, is a plain field: the reaper writes it before its
  * signal (release CAS on ev) and the strand reads it after clearing the
  * bits (acq_rel). Only one thread reaps a given ring at a time.
+ *
+ * mstate packs three words into one, each kept as it would be alone:
+ * every access is an RMW of its own bits or a load, so the others' are
+ * untouched. The count never goes below 0 into the flags: the reaper adds
+ * before its push (release), the strand subtracts after its take
+ * (acquire), so each add happens before its subtraction, and one
+ * location's modifications follow happens-before.
  *
  * A multishot's completions are finished by its submitter's task work
  * (io_uring.c), for its whole life rather than for one read. A
@@ -60,6 +68,9 @@
 #include <sys/socket.h>
 
 #define RHELD_CAP 8u
+#define MS_HELD 0xffffu       /* mstate: buffers pushed, not yet handed back */
+#define MS_CANCEL (1u << 30)  /* the reaper asked to cancel it */
+#define MS_CLOSING (1u << 31) /* the socket closes: cancel it */
 #define MRES_MORE 1 /* mres: it ended after delivering data, no error */
 
 void weft__recv_done(struct weft__conn *c, long n) {
@@ -80,10 +91,10 @@ void weft__recv_done(struct weft__conn *c, long n) {
  * the kernel has seen the cancel. */
 static void cancel_multishot(struct weft__shard *local, struct weft__conn *c,
                              bool once) {
-  if (weft__xchg(&c->mcancel, 1, WA_RLX) && once)
+  if (weft__fetch_or(&c->mstate, MS_CANCEL, WA_RLX) & MS_CANCEL && once)
     return;
   if (weft__io_cancel(local, &c->s.ioh, WEFT_OP_RECVM, true) != 0)
-    weft__store(&c->mcancel, 0, WA_RLX); /* the next completion retries */
+    weft__fetch_and(&c->mstate, ~MS_CANCEL, WA_RLX); /* the next retries */
 }
 
 void weft__recv_multishot_done(struct weft__shard *local, struct weft__conn *c,
@@ -92,14 +103,14 @@ void weft__recv_multishot_done(struct weft__shard *local, struct weft__conn *c,
   uint32_t held = 0;
   if (cqe->buf) {
     /* before the push: the strand's decrement follows its take */
-    held = weft__fetch_add(&c->rheld, 1, WA_RLX) + 1;
+    held = (weft__fetch_add(&c->mstate, 1, WA_RLX) & MS_HELD) + 1;
     weft__rbuf_push(&c->rin, cqe->buf);
     bits |= EV_RDATA;
   }
   if (!(cqe->flags & WEFT_CQE_MORE)) {
     c->mres = cqe->res > 0 ? MRES_MORE : cqe->res;
     bits |= EV_RMEND;
-  } else if (weft__load(&c->mclosing, WA_ACQ)) {
+  } else if (weft__load(&c->mstate, WA_ACQ) & MS_CLOSING) {
     cancel_multishot(local, c, false); /* see weft__recv_closing */
   } else if (held >= RHELD_CAP ||
              weft__load(&c->m_armer, WA_RLX) != weft__self()) {
@@ -119,33 +130,44 @@ void weft__recv_multishot_done(struct weft__shard *local, struct weft__conn *c,
 static void grab(struct weft__conn *c) {
   if (!weft__load(&c->rin, WA_RLX))
     return;
-  struct weft__rbuf *b = weft__xchg(&c->rin, NULL, WA_ACQ), *rev = NULL;
+  /* The stack's top, the newest, is the last once it is reversed. */
+  struct weft__rbuf *top = weft__xchg(&c->rin, NULL, WA_ACQ), *b = top;
+  struct weft__rbuf *rev = NULL;
   while (b) {
     struct weft__rbuf *next = b->next;
     b->next = rev;
     rev = b;
     b = next;
   }
-  if (c->rq_tail)
-    c->rq_tail->next = rev;
+  top->next = c->rq ? c->rq->next : rev; /* the ring closes at the first */
+  if (c->rq)
+    c->rq->next = rev;
+  c->rq = top;
+}
+
+/* The first unread buffer, or NULL. */
+static struct weft__rbuf *rq_first(const struct weft__conn *c) {
+  return c->rq ? c->rq->next : NULL;
+}
+
+/* Unlinks the first unread buffer b. */
+static void rq_pop(struct weft__conn *c, struct weft__rbuf *b) {
+  if (b == c->rq)
+    c->rq = NULL; /* it was the only one */
   else
-    c->rq_head = rev;
-  while (rev) {
-    c->rq_tail = rev;
-    rev = rev->next;
-  }
+    c->rq->next = b->next;
 }
 
 static void put(struct weft__conn *c, struct weft__rbuf *b) {
-  weft__fetch_sub(&c->rheld, 1, WA_RLX);
+  weft__fetch_sub(&c->mstate, 1, WA_RLX);
   weft__io_buf_put(weft__sock_rt(&c->s), b);
 }
 
 /* Copies up to len queued bytes to dst; hands back the buffers emptied. */
 static size_t take(struct weft__conn *c, char *dst, size_t len) {
   size_t n = 0;
-  while (n < len && c->rq_head) {
-    struct weft__rbuf *b = c->rq_head;
+  struct weft__rbuf *b;
+  while (n < len && (b = rq_first(c))) {
     size_t k = b->len - b->off;
     if (k > len - n)
       k = len - n;
@@ -153,9 +175,7 @@ static size_t take(struct weft__conn *c, char *dst, size_t len) {
     b->off += (uint32_t)k;
     n += k;
     if (b->off == b->len) {
-      c->rq_head = b->next;
-      if (!c->rq_head)
-        c->rq_tail = NULL;
+      rq_pop(c, b);
       put(c, b);
     }
   }
@@ -171,7 +191,7 @@ static void arm(struct weft__conn *c) {
   if (sh && !c->rd_nobufs && !weft__tcp_fdq(c) &&
       !weft__load(&rt->net.no_multishot, WA_RLX)) {
     /* Before it can complete: the reaper compares m_armer. */
-    weft__store(&c->mcancel, 0, WA_RLX);
+    weft__fetch_and(&c->mstate, ~MS_CANCEL, WA_RLX);
     weft__store(&c->m_armer, weft__self(), WA_RLX);
     r = weft__io_recv_multishot(sh, c->s.fd, &c->s.ioh);
     if (!r) {
@@ -203,13 +223,13 @@ static void pump(struct weft__conn *c) {
   c->in_pump = true;
   while (c->reading) {
     grab(c); /* a read from the callback gets what arrived meanwhile */
-    if (c->rq_head) {
+    if (c->rq) {
       weft__recv_done(c, (long)take(c, c->rbuf, c->rlen));
       continue;
     }
     if (c->rd_term_set) {
       c->rd_term_set = false;
-      weft__recv_done(c, c->rd_term);
+      weft__recv_done(c, c->mres);
       continue;
     }
     if (!c->rd_multi && !c->rd_inflight)
@@ -263,7 +283,7 @@ void weft__recv_start(struct weft__conn *c) {
   if (!weft__io_completes(weft__sock_rt(&c->s))) {
     if (c->readable)
       weft__sock_kick(&c->s); /* read in the handler, not in this call */
-  } else if (c->rq_head || c->rd_term_set || weft__load(&c->rin, WA_RLX)) {
+  } else if (c->rq || c->rd_term_set || weft__load(&c->rin, WA_RLX)) {
     if (!c->in_pump)
       weft__sock_kick(&c->s); /* queued: delivered by the handler */
   } else if (!c->rd_multi && !c->rd_inflight) {
@@ -315,7 +335,7 @@ void weft__recv_ended(struct weft__conn *c) {
   default:
     break;
   }
-  c->rd_term = res; /* end of file or an error, after the queued bytes */
+  /* end of file or an error, after the queued bytes: mres holds it */
   c->rd_term_set = true;
 }
 
@@ -327,11 +347,11 @@ void weft__recv_ended(struct weft__conn *c) {
  * and it waits for a wakeup that never comes. Its completion for those
  * bytes then comes after the shutdown, and with them after this store:
  * store, shutdown (socket lock), receive (socket lock), CQE (the ring's
- * release), reap (acquire), load. So the reaper sees mclosing on that
+ * release), reap (acquire), load. So the reaper sees MS_CLOSING on that
  * completion and cancels the receive. */
 void weft__recv_closing(struct weft__conn *c) {
   if (c->rd_multi)
-    weft__store(&c->mclosing, 1, WA_REL);
+    weft__fetch_or(&c->mstate, MS_CLOSING, WA_REL);
 }
 
 bool weft__recv_busy(const struct weft__conn *c) {
@@ -352,8 +372,8 @@ bool weft__recv_cancel_local(struct weft__conn *c) {
   struct weft__shard *sh = weft__local_begin(weft__sock_rt(&c->s));
   bool ok = sh && weft__io_of(sh) == c->m_io &&
             weft__io_cancel(sh, &c->s.ioh, WEFT_OP_RECVM, false) == 0;
-  if (ok)
-    weft__store(&c->mcancel, 1, WA_RLX); /* the reaper needs no other */
+  if (ok) /* the reaper needs to ask for no other */
+    weft__fetch_or(&c->mstate, MS_CANCEL, WA_RLX);
   weft__local_end(sh);
   return ok;
 }
@@ -361,11 +381,9 @@ bool weft__recv_cancel_local(struct weft__conn *c) {
 /* Closed, nothing in the kernel: the unread buffers go back. */
 void weft__recv_release(struct weft__conn *c) {
   grab(c);
-  while (c->rq_head) {
-    struct weft__rbuf *b = c->rq_head;
-    c->rq_head = b->next;
+  for (struct weft__rbuf *b; (b = rq_first(c));) {
+    rq_pop(c, b);
     put(c, b);
   }
-  c->rq_tail = NULL;
   c->rd_term_set = false;
 }
