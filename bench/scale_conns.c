@@ -37,16 +37,21 @@
  * callback). weft_bytes_per_conn is the growth over N, what the issue
  * asks; weft_marginal_bytes_per_conn the growth over the second half
  * only, without the runtime's one-time costs (pool caches, the first
- * slabs). The kernel's side is the growth of Slab (/proc/meminfo) over N:
- * both sockets of a connection, the client's port bookkeeping, and what
- * weft keeps in the kernel for it (an armed receive with io_uring, an
- * epoll item with epoll). /proc inodes and dentries made meanwhile are
- * taken out of it (on some hosts a monitor lists /proc/PID/fd, which
- * makes one of each for every descriptor). The caches that grew most are
- * listed (SLUB merges caches of one size under one name: eventpoll_epi
- * may be tcp_bind_bucket's too), and sockstat's TCP buffer pages printed.
- * Other programs running meanwhile blur the kernel's figures, not the
- * RSS.
+ * slabs). weft_heap_bytes_per_conn: the growth over N of what the
+ * process has allocated (glibc's mallinfo2: in use from the heap and from
+ * mmap), per connection: weft's objects and their pools' slabs, without
+ * the pages RSS counts whole (the rings' receive buffers, allocated at
+ * start, are touched as the kernel first fills them). The slabs make it
+ * step: a strand slab more or less at either end is 64 KiB. The kernel's
+ * side is the growth of Slab
+ * (/proc/meminfo) over N: both sockets of a connection, the client's port
+ * bookkeeping, and what weft keeps in the kernel for it (an armed receive with
+ * io_uring, an epoll item with epoll). /proc inodes and dentries made meanwhile
+ * are taken out of it (on some hosts a monitor lists /proc/PID/fd, which makes
+ * one of each for every descriptor). The caches that grew most are listed (SLUB
+ * merges caches of one size under one name: eventpoll_epi may be
+ * tcp_bind_bucket's too), and sockstat's TCP buffer pages printed. Other
+ * programs running meanwhile blur the kernel's figures, not the RSS.
  *
  * Accept: from the client's first connect to the server's N-th accept
  * callback, less the pause at N/2: accept_s and accept_per_s.
@@ -73,6 +78,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -141,6 +147,12 @@ static bool read_text(const char *path, char *buf, size_t size) {
 static long read_long(const char *path) {
   char buf[64];
   return read_text(path, buf, sizeof(buf)) ? atol(buf) : -1;
+}
+
+/* What the process has allocated and not freed, in bytes. */
+static long heap_bytes(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return (long)(mi.uordblks + mi.hblkhd);
 }
 
 /* A /proc/meminfo field, in bytes; -1 if absent. */
@@ -805,6 +817,7 @@ int main(int argc, char **argv) {
   kmem_read(&k0);
   uint64_t stalls0 = stalls(rt);
   long rss0 = bench_rss_bytes();
+  long heap0 = heap_bytes();
 
   /* N/2 connections, a reading, then the rest */
   atomic_store(&g_sh->target, g_half);
@@ -843,6 +856,7 @@ int main(int argc, char **argv) {
   usleep(500000); /* let the last reads be armed */
 
   long rss1 = bench_rss_bytes();
+  long heap1 = heap_bytes();
   kmem_read(&k1);
   have_slabs = have_slabs && slabs_read(&g_slab1);
   for (size_t k = 0; k < N_NETSTAT; k++)
@@ -854,6 +868,7 @@ int main(int argc, char **argv) {
   double weft_bpc = (double)(rss1 - rss0) / (double)n;
   double weft_marginal =
       g_half < n ? (double)(rss1 - rss_half) / (double)(n - g_half) : weft_bpc;
+  double weft_heap = (double)(heap1 - heap0) / (double)n;
   /* /proc inodes (and their dentries) made meanwhile are not the
    * sockets': something listing /proc/PID/fd makes one a descriptor. */
   long proc_bytes = 0;
@@ -876,6 +891,7 @@ int main(int argc, char **argv) {
          " sockets live, %" PRIu64 " receive buffers held\n",
          (double)rss0 / (1 << 20), (double)rss1 / (1 << 20), weft_bpc,
          weft_marginal, sizeof(struct slot), st.tcp_live, st.recv_bufs_held);
+  printf("allocated: %.1f bytes a connection\n", weft_heap);
   printf("kernel: Slab +%.0f bytes a connection, both sockets (+%.0f with "
          "the /proc inodes made meanwhile; unreclaimable +%.0f); TCP buffer "
          "pages %ld -> %ld\n",
@@ -928,15 +944,16 @@ int main(int argc, char **argv) {
   }
   printf("{\"bench\":\"scale_conns\",\"conns\":%ld,\"conns_requested\":%ld,"
          "\"backend\":\"%s\",\"workers\":%u,\"weft_bytes_per_conn\":%.1f,"
-         "\"weft_marginal_bytes_per_conn\":%.1f,\"user_bytes_per_conn\":%zu,"
+         "\"weft_marginal_bytes_per_conn\":%.1f,"
+         "\"weft_heap_bytes_per_conn\":%.1f,\"user_bytes_per_conn\":%zu,"
          "\"kernel_bytes_per_conn\":%.0f,\"accept_s\":%.3f,"
          "\"accept_per_s\":%.0f,\"ka_requests\":%ld,\"ka_errors\":%ld,"
          "\"ka_p50_us\":%.1f,\"ka_p99_us\":%.1f,\"ka_max_us\":%.1f,"
          "\"teardown_s\":%.3f,\"limit_reason\":\"%s\"}\n",
-         n, n0, backend, workers, weft_bpc, weft_marginal, sizeof(struct slot),
-         kern_bpc, accept_s, (double)n / accept_s, g_sh->ka_requests,
-         g_sh->ka_errors, g_sh->ka_p50_us, g_sh->ka_p99_us, g_sh->ka_max_us,
-         teardown_s, reason);
+         n, n0, backend, workers, weft_bpc, weft_marginal, weft_heap,
+         sizeof(struct slot), kern_bpc, accept_s, (double)n / accept_s,
+         g_sh->ka_requests, g_sh->ka_errors, g_sh->ka_p50_us, g_sh->ka_p99_us,
+         g_sh->ka_max_us, teardown_s, reason);
   return 0;
 usage:
   fprintf(stderr, "usage: scale_conns [--conns N] [--seconds S] [--burst]\n");
