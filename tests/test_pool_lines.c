@@ -16,6 +16,10 @@
  *    region and from slabs: every object starts on a line and no two
  *    objects touch the same line. Freed and allocated again, they still
  *    do not.
+ *  - The walk (weft__pool_each, the shutdown sweep's): it visits every
+ *    object carved, handed out or cached, each once, from the reserved
+ *    region and from slabs, and each starts zeroed (past the free list's
+ *    two words, which the pool writes).
  *  - A runtime: its four pools' objects are whole lines; strands and
  *    timers it hands out start on a line.
  */
@@ -49,6 +53,42 @@ static void assert_own_lines(void **o, size_t n, size_t objsize) {
   free(a);
 }
 
+struct walk {
+  void **o; /* the objects handed out */
+  size_t n, visits, zeroed;
+  size_t objsize;
+  unsigned *seen; /* per handed-out object: times visited */
+};
+
+static void visit(void *obj, void *arg) {
+  struct walk *w = arg;
+  w->visits++;
+  assert_int_equal((uintptr_t)obj % LINE, 0);
+  const unsigned char *b = obj;
+  size_t k = sizeof(struct weft__freeobj);
+  while (k < w->objsize && b[k] == 0)
+    k++;
+  w->zeroed += k == w->objsize;
+  for (size_t i = 0; i < w->n; i++)
+    if (w->o[i] == obj)
+      w->seen[i]++;
+}
+
+/* Every object carved so far is handed out (o[0..n)) or in a cache: the
+ * walk visits exactly those, once each, all still zero. */
+static void check_walk(struct weft__pool *p, void **o, size_t n,
+                       size_t cached) {
+  unsigned *seen = calloc(n, sizeof(*seen));
+  assert_non_null(seen);
+  struct walk w = {.o = o, .n = n, .objsize = p->objsize, .seen = seen};
+  weft__pool_each(p, visit, &w);
+  assert_int_equal(w.visits, n + cached);
+  assert_int_equal(w.zeroed, w.visits);
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(seen[i], 1);
+  free(seen);
+}
+
 static void check_size(size_t asked, bool reserve) {
   struct weft__pool p;
   assert_int_equal(weft__pool_init(&p, asked), 0);
@@ -68,6 +108,7 @@ static void check_size(size_t asked, bool reserve) {
   for (size_t i = NOBJ; i < 2 * NOBJ; i++)
     o[i] = weft__pool_alloc(&p, NULL); /* outside: the loose cache */
   assert_own_lines(o, 2 * NOBJ, p.objsize);
+  check_walk(&p, o, 2 * NOBJ, c.count + p.loose.count);
   /* Freed in another order and taken again (spilled batches included). */
   for (size_t i = 0; i < 2 * NOBJ; i += 2)
     weft__pool_free(&p, &c, o[i]);
