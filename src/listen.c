@@ -665,14 +665,14 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   ls->s.state = ST_OPEN;
   ls->readable = true;
   r = weft_timer_create(rt, ls->s.strand, &ls->timer);
+  l->gens[i] = weft__sock_gen(&ls->s);
   if (!r)
-    r = weft__sock_register(&ls->s, i, false, 0);
+    r = weft__sock_watch(&ls->s, i, false); /* live once all are made */
   if (r) {
     lsock_discard(ls);
     return r;
   }
   l->socks[i] = ls;
-  l->gens[i] = weft__sock_gen(&ls->s);
   return 0;
 }
 
@@ -739,6 +739,9 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   bool reuseport = n > 1 || (flags & WEFT_LISTEN_SHARE);
   if (!r && !(flags & WEFT_LISTEN_SHARE) && reuseport)
     r = probe_free(rt, l);
+  /* Before any socket is watched: an epoll readiness event may have one
+   * accept before the last is made, and its hold and drop count here. */
+  weft__store(&l->live, (uint64_t)n << 1, WA_RLX);
   unsigned made = 0;
   for (; !r && made < n; made++) {
     int fd = bind_one(rt, l, reuseport, backlog);
@@ -753,13 +756,14 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
     listener_free(l);
     return r;
   }
-  weft__store(&l->live, (uint64_t)n << 1, WA_RLX);
   pthread_mutex_lock(&rt->life.lock);
   l->next = rt->net.listeners;
   rt->net.listeners = l;
   pthread_mutex_unlock(&rt->life.lock);
+  /* Only now may the shutdown sweep find them: a failure above discards
+   * every socket made, which none of them may have closed by itself. */
   for (unsigned i = 0; i < n; i++)
-    weft__sock_signal(NULL, &l->socks[i]->s, EV_KICK, l->gens[i]);
+    weft__sock_live(&l->socks[i]->s, l->gens[i], EV_KICK);
   *out = l;
   return 0;
 }

@@ -185,27 +185,28 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
  * pool carved it before register ran, and the walk reads the pool's slabs
  * under its lock after shutdown stored closing (pool.c).
  *
- * EV_LIVE goes on only after the watch: a watch that fails leaves s seen by
- * nobody, so the caller may discard it. Events the watch delivers may run
- * s's handler before EV_LIVE is set, and even free it; the CAS sets it
- * only on the generation this call registered. The same CAS raises the
- * caller's first bits, so they come before the sweep's or with them: once
- * s is live, the sweep may have it closed and freed at any time, and a
- * signal made after the call could no longer tell which life it meant. */
-int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
-                        uint64_t bits) {
+ * EV_LIVE goes on only after the watch (weft__sock_live after
+ * weft__sock_watch): a watch that fails leaves s seen by nobody, so the
+ * caller may discard it. Events the watch delivers may run s's handler
+ * before EV_LIVE is set, and even free it; the CAS sets it only on the
+ * generation that was watched. The same CAS raises the caller's first
+ * bits, so they come before the sweep's or with them: once s is live, the
+ * sweep may have it closed and freed at any time, and a signal made after
+ * could no longer tell which life it meant. */
+int weft__sock_watch(struct weft__sock *s, unsigned home, bool out) {
   weft_rt *rt = weft__sock_rt(s);
-  uint32_t gen = weft__sock_gen(s);
-  uint64_t cur = (uint64_t)gen << 32;
   /* release: publishes every field the creator set to reapers and
    * signallers (their acquire CAS), before any event can name s. */
-  weft__store(&s->ev, cur, WA_REL);
+  weft__store(&s->ev, (uint64_t)weft__sock_gen(s) << 32, WA_REL);
   if (weft__load(&rt->life.closing, WA_SC))
     return -ESHUTDOWN;
   struct weft__shard *reg = &rt->shards[home % rt->nshards];
-  int r = weft__io_watch(rt, reg, s->fd, &s->ioh, gen, out);
-  if (r)
-    return r; /* no event came: the caller discards s, seen by nobody */
+  return weft__io_watch(rt, reg, s->fd, &s->ioh, weft__sock_gen(s), out);
+}
+
+void weft__sock_live(struct weft__sock *s, uint32_t gen, uint64_t bits) {
+  weft_rt *rt = weft__sock_rt(s);
+  uint64_t cur = (uint64_t)gen << 32;
   uint64_t add = EV_LIVE | (bits ? bits | EV_QUEUED : 0);
   while ((uint32_t)(cur >> 32) == gen &&
          !weft__cas(&s->ev, &cur, cur | add, WA_SC, WA_RLX))
@@ -216,7 +217,15 @@ int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
   if (weft__load(&rt->life.closing, WA_SC))
     weft__sock_signal(sh, s, EV_SHUTDOWN, gen);
   weft__local_end(sh);
-  return 0;
+}
+
+int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
+                        uint64_t bits) {
+  uint32_t gen = weft__sock_gen(s); /* s may be reused once watched */
+  int r = weft__sock_watch(s, home, out);
+  if (!r)
+    weft__sock_live(s, gen, bits);
+  return r;
 }
 
 void weft__sock_close_fd(struct weft__sock *s) {

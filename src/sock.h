@@ -191,6 +191,15 @@ void weft__sock_node_run(struct weft__nhead *h);
  * s may be freed by then, so the caller signals it only through bits. */
 int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
                         uint64_t bits);
+/* The same in two steps, for a caller that makes several sockets and may
+ * still discard them all (a listener): weft__sock_watch publishes and
+ * watches s (-ESHUTDOWN, or the backend's error), and later
+ * weft__sock_live marks it live and raises bits, for the generation s had
+ * when it was watched. Between the two the shutdown sweep does not see s,
+ * so the caller may discard it as long as no event of the watch has
+ * queued it. */
+int weft__sock_watch(struct weft__sock *s, unsigned home, bool out);
+void weft__sock_live(struct weft__sock *s, uint32_t gen, uint64_t bits);
 /* Frees a socket that was never registered or never seen by the user. */
 void weft__sock_discard(struct weft__sock *s);
 /* Frees s (on its strand) once no node of it is queued. */
