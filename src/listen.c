@@ -666,8 +666,6 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   ls->readable = true;
   r = weft_timer_create(rt, ls->s.strand, &ls->timer);
   l->gens[i] = weft__sock_gen(&ls->s);
-  if (!r)
-    r = weft__sock_watch(&ls->s, i, false); /* live once all are made */
   if (r) {
     lsock_discard(ls);
     return r;
@@ -740,7 +738,7 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   if (!r && !(flags & WEFT_LISTEN_SHARE) && reuseport)
     r = probe_free(rt, l);
   /* Before any socket is watched: an epoll readiness event may have one
-   * accept before the last is made, and its hold and drop count here. */
+   * accept before the last is watched, and its hold and drop count here. */
   weft__store(&l->live, (uint64_t)n << 1, WA_RLX);
   unsigned made = 0;
   for (; !r && made < n; made++) {
@@ -749,6 +747,14 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
     if (r)
       break;
   }
+  /* Watched only once all are made, and live (seen by the shutdown sweep)
+   * only once all are watched, so that the failure path below may discard
+   * them all: nothing has signalled them. Except on epoll, if a watch fails
+   * (epoll_ctl: no memory, or max_user_watches) while a connection already
+   * waits on a socket watched before it: its readiness event may have
+   * queued that socket, which is then discarded under its queued node. */
+  for (unsigned i = 0; !r && i < n; i++)
+    r = weft__sock_watch(&l->socks[i]->s, i, false);
   if (r) {
     for (unsigned i = 0; i < made; i++)
       lsock_discard(l->socks[i]);
@@ -760,8 +766,6 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   l->next = rt->net.listeners;
   rt->net.listeners = l;
   pthread_mutex_unlock(&rt->life.lock);
-  /* Only now may the shutdown sweep find them: a failure above discards
-   * every socket made, which none of them may have closed by itself. */
   for (unsigned i = 0; i < n; i++)
     weft__sock_live(&l->socks[i]->s, l->gens[i], EV_KICK);
   *out = l;

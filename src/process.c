@@ -292,10 +292,15 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
       r = weft__tcp_adopt(rt, s, f.parent[i], &streams[i]);
       f.parent[i] = -1; /* the stream's now, even on error */
     }
+  /* Before: once registered, p may end and be freed at once. */
+  if (out)
+    *out = p;
   if (!r)
     /* uring: its first poll; epoll: a first look */
     r = weft__sock_register(&p->s, weft__sock_home(rt), false, EV_KICK);
   if (r) {
+    if (out)
+      *out = NULL;
     for (int i = 0; streams && i < 3; i++)
       if (streams[i]) {
         weft_tcp_close(streams[i], 1);
@@ -306,8 +311,6 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
     weft__sock_discard(sk);
     return r;
   }
-  if (out)
-    *out = p;
   return 0;
 }
 

@@ -41,15 +41,21 @@ void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
   weft__sock_signal(local, s, bits, c->gen);
 }
 
-void weft__sock_notify(struct weft__sock *s, uint64_t bits, uint32_t gen) {
-  struct weft__shard *sh = weft__local_begin(weft__sock_rt(s));
-  weft__sock_signal(sh, s, bits, gen);
+void weft__sock_notify(weft_rt *rt, struct weft__sock *s, uint64_t bits,
+                       uint32_t gen) {
+  struct weft__shard *sh = weft__local_begin(rt);
+  if (weft__sock_ev_raise_live(s, bits, gen))
+    queue(sh, s);
   weft__local_end(sh);
 }
 
-void weft__sock_kick(struct weft__sock *s) {
-  weft__sock_notify(s, EV_KICK, weft__sock_gen(s));
+void weft__sock_raise(struct weft__sock *s, uint64_t bits) {
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(s));
+  weft__sock_signal(sh, s, bits, weft__sock_gen(s));
+  weft__local_end(sh);
 }
+
+void weft__sock_kick(struct weft__sock *s) { weft__sock_raise(s, EV_KICK); }
 
 void weft__sock_yield(struct weft__sock *s) {
   struct weft__shard *sh = weft__local_begin(weft__sock_rt(s));
@@ -198,8 +204,6 @@ int weft__sock_watch(struct weft__sock *s, unsigned home, bool out) {
   /* release: publishes every field the creator set to reapers and
    * signallers (their acquire CAS), before any event can name s. */
   weft__store(&s->ev, (uint64_t)weft__sock_gen(s) << 32, WA_REL);
-  if (weft__load(&rt->life.closing, WA_SC))
-    return -ESHUTDOWN;
   struct weft__shard *reg = &rt->shards[home % rt->nshards];
   return weft__io_watch(rt, reg, s->fd, &s->ioh, weft__sock_gen(s), out);
 }
@@ -221,6 +225,8 @@ void weft__sock_live(struct weft__sock *s, uint32_t gen, uint64_t bits) {
 
 int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
                         uint64_t bits) {
+  if (weft__load(&weft__sock_rt(s)->life.closing, WA_SC))
+    return -ESHUTDOWN;
   uint32_t gen = weft__sock_gen(s); /* s may be reused once watched */
   int r = weft__sock_watch(s, home, out);
   if (!r)
@@ -282,7 +288,7 @@ void weft__sock_discard(struct weft__sock *s) {
 static void sweep_one(void *obj, void *arg) {
   struct weft__sock *s = obj;
   (void)arg;
-  if (weft__sock_ev_raise_live(s, EV_SHUTDOWN))
+  if (weft__sock_ev_raise_live(s, EV_SHUTDOWN, WEFT_GEN_ANY))
     queue(NULL, s);
 }
 

@@ -125,15 +125,19 @@ static inline bool weft__sock_ev_raise(struct weft__sock *s, uint64_t bits,
   }
 }
 
-/* The shutdown sweep: sets bits on s if it holds a live socket (EV_LIVE),
- * whatever its generation. True: this caller turned EV_QUEUED on. */
-static inline bool weft__sock_ev_raise_live(struct weft__sock *s,
-                                            uint64_t bits) {
+/* Sets bits on s if it holds a live socket (EV_LIVE) of life gen_tag
+ * (WEFT_GEN_ANY: any): the shutdown sweep's raise, and a signal from a
+ * thread that holds s by the user's handle only. True: this caller turned
+ * EV_QUEUED on. */
+static inline bool weft__sock_ev_raise_live(struct weft__sock *s, uint64_t bits,
+                                            uint32_t gen_tag) {
   /* seq_cst, against weft__sock_register's (sock.c has the argument) */
   uint64_t cur = weft__load(&s->ev, WA_SC);
   for (;;) {
     if (!(cur & EV_LIVE))
       return false; /* free, never registered, or not yet */
+    if (gen_tag != WEFT_GEN_ANY && (uint32_t)(cur >> 32) != gen_tag)
+      return false;
     if ((cur & bits) == bits && (cur & EV_QUEUED))
       return false;
     if (weft__cas(&s->ev, &cur, cur | bits | EV_QUEUED, WA_SC, WA_ACQ))
@@ -193,11 +197,11 @@ int weft__sock_register(struct weft__sock *s, unsigned home, bool out,
                         uint64_t bits);
 /* The same in two steps, for a caller that makes several sockets and may
  * still discard them all (a listener): weft__sock_watch publishes and
- * watches s (-ESHUTDOWN, or the backend's error), and later
- * weft__sock_live marks it live and raises bits, for the generation s had
- * when it was watched. Between the two the shutdown sweep does not see s,
- * so the caller may discard it as long as no event of the watch has
- * queued it. */
+ * watches s (the backend's error; it does not check for a shutdown), and
+ * later weft__sock_live marks it live and raises bits, for the generation
+ * s had when it was watched, and has it shut down if the runtime began to
+ * meanwhile. Between the two the shutdown sweep does not see s, so the
+ * caller may discard it as long as no event of the watch has queued it. */
 int weft__sock_watch(struct weft__sock *s, unsigned home, bool out);
 void weft__sock_live(struct weft__sock *s, uint32_t gen, uint64_t bits);
 /* Frees a socket that was never registered or never seen by the user. */
@@ -214,9 +218,13 @@ void weft__sock_close_fd(struct weft__sock *s);
 void weft__sock_signal(struct weft__shard *local, struct weft__sock *s,
                        uint64_t bits, uint32_t gen_tag);
 /* The same from any thread, for s's life gen (weft__sock_gen, read while
- * the caller knew that life was going on: a signal for one that ended
- * since is dropped). */
-void weft__sock_notify(struct weft__sock *s, uint64_t bits, uint32_t gen);
+ * the caller knew that life was going on) of runtime rt, once s is live:
+ * a signal for a life that ended since is dropped before anything but the
+ * event word is read. */
+void weft__sock_notify(weft_rt *rt, struct weft__sock *s, uint64_t bits,
+                       uint32_t gen);
+/* From the socket's strand: raise bits on it. */
+void weft__sock_raise(struct weft__sock *s, uint64_t bits);
 /* From the socket's strand: run its state machine again soon. */
 void weft__sock_kick(struct weft__sock *s);
 /* The same, after the other strands queued on this shard: the kick goes

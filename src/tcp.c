@@ -151,7 +151,7 @@ static void connect_start(struct weft__conn *c) {
         weft__io_connect(sh, c->s.fd, addr, cn->addrlen, &c->s.ioh) == 0;
     weft__local_end(sh);
     if (!c->rd_inflight)
-      weft__sock_notify(&c->s, EV_CONNECT, weft__sock_gen(&c->s)); /* later */
+      weft__sock_raise(&c->s, EV_CONNECT); /* try again shortly */
     return;
   }
   int r;
@@ -499,7 +499,7 @@ int weft_tcp_close(weft_tcp *tcp, int abortive) {
       weft__busy_drop(rt, 1);
     return -EALREADY;
   }
-  weft__sock_notify(&c->s, EV_CLOSE, gen); /* release: close_req goes too */
+  weft__sock_notify(rt, &c->s, EV_CLOSE, gen); /* release: close_req too */
   if (foreign)
     weft__busy_drop(rt, 1);
   return 0;

@@ -357,7 +357,7 @@ void weft__udp_run(struct weft__sock *s, uint32_t bits) {
     u->writable = true;
   if ((bits & (EV_CLOSE | EV_SHUTDOWN)) && s->state == ST_OPEN) {
     uint32_t none = 0; /* a shutdown's close: a later weft_udp_close is late */
-    weft__cas(&u->close_req, &none, 1, WA_RLX, WA_RLX);
+    weft__cas(&u->close_req, &none, 1, WA_ACQ, WA_ACQ);
     s->state = ST_CLOSING;
     if (u->polling || u->ring_send)
       shutdown(s->fd, SHUT_RDWR); /* wakes the poll and the send */
@@ -715,12 +715,13 @@ int weft_udp_close(weft_udp *wu) {
     if (r)
       return r; /* shutting down: the shutdown closes u */
   }
-  /* before the claim: a shutdown may close and free u after it */
+  /* Before the claim, which a shutdown's close reads (acquire) before it
+   * frees u: so this reads u's life, never a later one. */
   uint32_t gen = weft__sock_gen(&u->s);
   uint32_t none = 0;
-  int r = weft__cas(&u->close_req, &none, 1, WA_RLX, WA_RLX) ? 0 : -EALREADY;
+  int r = weft__cas(&u->close_req, &none, 1, WA_REL, WA_RLX) ? 0 : -EALREADY;
   if (!r)
-    weft__sock_notify(&u->s, EV_CLOSE, gen);
+    weft__sock_notify(rt, &u->s, EV_CLOSE, gen);
   if (foreign)
     weft__busy_drop(rt, 1);
   return r;

@@ -120,7 +120,7 @@ static void kicker(int id) {
 /* weft__socks_shutdown's visit of the socket's memory. */
 static void sweeper(int id) {
   (void)id;
-  if (weft__sock_ev_raise_live(&sock, EV_SHUTDOWN))
+  if (weft__sock_ev_raise_live(&sock, EV_SHUTDOWN, WEFT_GEN_ANY))
     push();
   atomic_fetch_add(&signallers_done, 1);
 }
