@@ -255,7 +255,21 @@ void weft__io_destroy(weft_rt *rt) {
   rt->io.ios = NULL;
 }
 
-void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
+/* Runnable items above which a poll wakes a parked thread to share them.
+ * Fewer are run by this thread in turn, sooner than a woken one would get
+ * to them (a wakeup takes 5-20 us on a VM, a request's handlers a few),
+ * and the replies they write leave together: the peers then get them in
+ * one burst and answer in one, where a thread woken for one or two
+ * requests split every burst in two (bench/net's keep-alive run: half the
+ * context switches a request, on either backend). The price: those items
+ * wait behind this thread's handlers, as every item of a shard does; a
+ * handler that runs long is handed on by the monitor (1 to 1.5
+ * thresholds) and a thread that wakes for its own reasons steals them
+ * sooner. */
+#define POLL_SHARE_MIN 4
+
+static void poll_backend(struct weft__shard *sh, struct weft__io *io,
+                         bool idle) {
   if (io->kind == WEFT_BACKEND_URING) {
     /* Prepared SQEs go in groups while the shard is busy, so one enter
      * carries many; out of work, the wait that parks the thread submits
@@ -273,6 +287,20 @@ void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
     weft__epoll_wait(io, 0, false);
   }
   weft__epoll_dispatch(io);
+}
+
+/* The pushes of what the poll delivers are quiet (shard.c, weft__schedule):
+ * one notify at the end, and only for more than POLL_SHARE_MIN items. */
+void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
+  if (sh->quiet) { /* inside a firing batch, which notifies once at its end */
+    poll_backend(sh, io, idle);
+    return;
+  }
+  sh->quiet = true;
+  poll_backend(sh, io, idle);
+  sh->quiet = false;
+  if (weft__runq_len(&sh->prq) + weft__runq_len(&sh->rq) > POLL_SHARE_MIN)
+    weft__notify_parked(sh->rt);
 }
 
 void weft__io_flush(struct weft__shard *sh) {

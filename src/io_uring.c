@@ -43,7 +43,6 @@
 
 #include "clock.h"
 #include "io_bufring.h"
-#include "park.h"
 #include "rt.h"
 #include "shard.h"
 
@@ -297,33 +296,6 @@ struct io_uring_sqe *weft__uring_sqe(struct weft__io *io) {
   return sqe;
 }
 
-static void reap(struct weft__io *io);
-
-/* Runnable items above which a reap wakes a parked thread to share them.
- * Fewer are run by this thread in turn, sooner than a woken one would get
- * to them (a wakeup takes 5-20 us on a VM, a request's handlers a few),
- * and the replies they write leave in one kernel entry: the peers then get
- * them in one burst and answer in one, where a thread woken for one or two
- * requests split every burst in two (bench/net's keep-alive run: half the
- * context switches a request). The price: those items wait behind this
- * thread's handlers, as every item of a shard does; a handler that runs
- * long is handed on by the monitor (1 to 1.5 thresholds) and a thread
- * that wakes for its own reasons steals them sooner. */
-#define REAP_SHARE_MIN 4
-
-void weft__uring_reap(struct weft__io *io) {
-  struct weft__shard *sh = io->sh;
-  if (sh->quiet) {
-    reap(io); /* inside a firing batch, which notifies once at its end */
-    return;
-  }
-  sh->quiet = true;
-  reap(io);
-  sh->quiet = false;
-  if (weft__runq_len(&sh->prq) + weft__runq_len(&sh->rq) > REAP_SHARE_MIN)
-    weft__notify_parked(sh->rt);
-}
-
 /* One completion of an operation of ours, to its handle; t: the reap's
  * tick, when the thread records (trace.h). */
 static void complete(struct weft__io *io, uint64_t ud,
@@ -355,7 +327,7 @@ static void complete(struct weft__io *io, uint64_t ud,
   h->done(h, io->sh, op, &c);
 }
 
-static void reap(struct weft__io *io) {
+void weft__uring_reap(struct weft__io *io) {
   struct io_uring *ring = ring_of(io);
   if (IO_URING_READ_ONCE(*ring->sq.kflags) &
       (IORING_SQ_TASKRUN | IORING_SQ_CQ_OVERFLOW))

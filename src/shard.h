@@ -54,7 +54,7 @@ struct weft__shard {
   } cache;
   /* firing a batch of timers, whose pushes notify parked threads once
    * after the timer lock is released instead of once each (timer.c), or
-   * reaping completions (io_uring.c, REAP_SHARE_MIN) */
+   * polling its backend (io.c, POLL_SHARE_MIN) */
   bool quiet;
   /* a handler asks the strand it runs on to end its turn after it
    * (weft__yield_turn): more of its work is queued behind it */
