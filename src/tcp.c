@@ -398,7 +398,8 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
     return;
   }
   c->s.state = ST_NEW;
-  c->readable = c->writable = true;
+  c->writable = true;
+  c->readable = false; /* the watch reports data already there (tcp.h) */
   c->lst = l;
 #ifdef WEFT_SIM
   sim_accepted(c, l);
@@ -644,7 +645,8 @@ int weft__tcp_adopt(weft_rt *rt, weft_strand *s, int fd, weft_tcp **out) {
     return r;
   }
   c->s.state = ST_OPEN;
-  c->readable = c->writable = true;
+  c->writable = true;
+  c->readable = false; /* the watch reports data already there (tcp.h) */
   r = weft__sock_register(&c->s, home, true, 0);
   if (r) {
     weft__sock_discard(&c->s); /* closes fd */

@@ -113,8 +113,13 @@ struct weft__conn {
   struct weft__sock s;
   /* Flags, in bits: all are read and written on the strand alone (what
    * weft_tcp_close, from any thread, says is in close_req). */
-  bool user_closed : 1;            /* EV_CLOSE seen */
-  bool readable : 1, writable : 1; /* epoll: edge seen, EAGAIN not yet */
+  bool user_closed : 1; /* EV_CLOSE seen */
+  /* epoll: an edge seen, EAGAIN not yet. A socket starts writable and
+   * not readable: the watch's EPOLL_CTL_ADD polls it and queues an event
+   * for data already waiting (ep_insert), so the first read waits for
+   * that edge rather than trying a receive that finds nothing (an
+   * accepted client's request mostly arrives after the accept). */
+  bool readable : 1, writable : 1;
   bool hup : 1; /* epoll: EOF or error queued: reads never wait */
   /* rd_inflight: a one-shot receive, or the connect, is in the kernel */
   /* wr_inflight: a send, or (wr_poll) a poll for room, is in the kernel */
