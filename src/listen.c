@@ -42,8 +42,10 @@
 #include "rt.h"
 #include "sim.h"
 #include "sock.h"
+#include "strand.h"
 #include "tcp.h"
 #include "thread.h"
+#include "timer.h"
 #include "unix.h"
 
 #include <errno.h>
@@ -136,6 +138,7 @@ struct lsock {
   bool accepting; /* uring: a multishot accept is in the ring */
   bool multishot; /* uring: it accepts so, when not limited */
   bool paused;
+  bool placed;   /* uring: sent home once (go_home) */
   bool at_limit; /* the last accept burst ran out of descriptors */
   struct weft__io_hold acc_hold; /* its share of lst->active */
   pthread_mutex_t qlock;
@@ -372,9 +375,34 @@ static void accept_locked(struct lsock *ls) {
   pthread_mutex_unlock(&l->limit_lock);
 }
 
+/* With completions, the accepts of a socket go to the ring of the thread
+ * that arms them, and so do the connections they make, which start on
+ * that thread's shard (weft__sock_home) and keep to that ring while no
+ * other thread steals them. So each socket of a group first arms on its
+ * own shard, as epoll watches it there; else, as weft_tcp_listen's kicks
+ * go to whichever threads take them, one thread could start every
+ * connection and the others live on what they steal. A timer due a tick
+ * from now fires on its strand's home (a deadline now would fire at once
+ * on this thread), and the strand's home is the socket's shard
+ * (lsock_add). Once only: the timers of a shard whose thread is stuck
+ * fire on another, and the socket then arms there. */
+static bool go_home(struct lsock *ls) {
+  if (ls->placed || ls->lst->n == 1 || !completes(ls))
+    return false;
+  ls->placed = true;
+  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&ls->s));
+  bool away = sh && sh->idx != ls->idx;
+  weft__local_end(sh);
+  if (!away ||
+      weft_timer_start(ls->timer, 1u << WEFT_TICK_SHIFT, 0, resume, ls) < 0)
+    return false;
+  ls->paused = true; /* resume arms */
+  return true;
+}
+
 static void accept_more(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
-  if (ls->paused || ls->accepting)
+  if (ls->paused || ls->accepting || go_home(ls))
     return;
   bool ring = ls->multishot && !ls->polling; /* not beside accept_burst's */
   if (!ring && !ls->readable) {
@@ -645,11 +673,15 @@ static void lsock_discard(struct lsock *ls) {
 
 static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   struct weft__sock *s;
-  int r = weft__sock_new(&s, rt, SK_LISTEN, fd, NULL, lsock_done);
+  weft_strand *st;
+  int r = weft__strand_create_at(rt, i, &st); /* homed with it: go_home */
+  if (!r && (r = weft__sock_new(&s, rt, SK_LISTEN, fd, st, lsock_done)))
+    weft_strand_release(st);
   if (r) {
     close(fd);
     return r;
   }
+  st->weft_made = true; /* released with the socket (sock.c) */
   struct lsock *ls = (struct lsock *)s;
   ls->lst = l;
   ls->idx = i;

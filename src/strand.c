@@ -87,7 +87,8 @@ static inline void *node_fn(struct weft__nhead *h) {
                                       : (void *)weft__sock_node_run;
 }
 
-int weft_strand_create(weft_rt *rt, weft_strand **out) {
+/* at: the home shard's index, or -1 for the next by weft__home_pick. */
+static int strand_create(weft_rt *rt, int at, weft_strand **out) {
   if (!rt || !out)
     return -EINVAL;
   if (weft__forked(rt))
@@ -95,7 +96,8 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   if (weft__load(&rt->life.closing, WA_ACQ))
     return -ESHUTDOWN;
   struct weft__shard *sh = weft__local_begin(rt);
-  struct weft__shard *home = &rt->shards[weft__home_pick(rt, sh)];
+  struct weft__shard *home =
+      &rt->shards[at >= 0 ? (unsigned)at : weft__home_pick(rt, sh)];
   struct weft__shard *from = sh ? sh : home;
   weft_strand *s =
       weft__sim_fault(rt, WEFT_SIM_FAULT_ENOMEM)
@@ -124,6 +126,14 @@ int weft_strand_create(weft_rt *rt, weft_strand **out) {
   weft__local_end(sh);
   *out = s;
   return 0;
+}
+
+int weft_strand_create(weft_rt *rt, weft_strand **out) {
+  return strand_create(rt, -1, out);
+}
+
+int weft__strand_create_at(weft_rt *rt, unsigned home, weft_strand **out) {
+  return strand_create(rt, rt ? (int)(home % rt->nshards) : 0, out);
 }
 
 /* Returns the strand's memory to the pool; nothing references it now. */

@@ -156,6 +156,10 @@ static inline int weft__strand_usable(const weft_rt *rt, const weft_strand *s) {
   return weft__strand_live(s) ? 0 : -EBADF;
 }
 
+/* weft_strand_create with the strand homed on shard home (its timers
+ * fire there, its memory comes from there), not the next in turn. */
+int weft__strand_create_at(weft_rt *rt, unsigned home, weft_strand **out);
+
 /* Keeps s (NULL: nothing) from being reclaimed while an operation whose
  * completion is posted to it is in flight, even past weft_strand_release:
  * the release takes effect at the last unhold. Hold only a strand known
