@@ -384,8 +384,9 @@ static void accept_locked(struct lsock *ls) {
  * connection and the others live on what they steal. A timer due a tick
  * from now fires on its strand's home (a deadline now would fire at once
  * on this thread), and the strand's home is the socket's shard
- * (lsock_add). Once only: the timers of a shard whose thread is stuck
- * fire on another, and the socket then arms there. */
+ * (lsock_add). Best effort, once only: a searching thread serves every
+ * wheel (shard.c, steal), and a stuck home's timers fire on another
+ * thread; the socket then arms where its timer fired. */
 static bool go_home(struct lsock *ls) {
   if (ls->placed || ls->lst->n == 1 || !completes(ls))
     return false;
@@ -674,7 +675,8 @@ static void lsock_discard(struct lsock *ls) {
 static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   struct weft__sock *s;
   weft_strand *st;
-  int r = weft__strand_create_at(rt, i, &st); /* homed with it: go_home */
+  int r = l->n > 1 ? weft__strand_create_at(rt, i, &st) /* go_home */
+                   : weft_strand_create(rt, &st);
   if (!r && (r = weft__sock_new(&s, rt, SK_LISTEN, fd, st, lsock_done)))
     weft_strand_release(st);
   if (r) {
