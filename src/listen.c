@@ -82,7 +82,10 @@ struct weft_listener {
    * -EALREADY. */
   _Atomic uint64_t live;
   _Atomic uint32_t close_claim; /* 1 once a weft_listener_close won */
-  _Atomic int reserve;          /* the spare descriptor, -1 while in use */
+  /* 1 once weft_tcp_listen has made and watched every socket; until then
+   * none accepts (weft__lsock_run), so a listen that fails never has. */
+  _Atomic uint32_t ready;
+  _Atomic int reserve; /* the spare descriptor, -1 while in use */
   /* Out of descriptors (fd_limit): while `limited`, accepts run under
    * limit_lock, so that no other shard's accept takes the slot the drop
    * frees; `active` counts shards accepting without it. */
@@ -595,9 +598,12 @@ void weft__lsock_run(struct weft__sock *s, uint32_t bits) {
     if (ls->polling || ls->accepting)
       shutdown(s->fd, SHUT_RDWR); /* ends the poll or accept in the kernel */
   }
-  if (s->state == ST_OPEN)
-    accept_more(ls);
-  else if (s->state == ST_CLOSING && !ls->polling && !ls->accepting)
+  if (s->state == ST_OPEN) {
+    /* An epoll event may run a socket between its watch and the end of
+     * weft_tcp_listen: then it waits for the kick weft__sock_live sends. */
+    if (weft__load(&ls->lst->ready, WA_ACQ))
+      accept_more(ls);
+  } else if (s->state == ST_CLOSING && !ls->polling && !ls->accepting)
     lsock_finished(ls);
 }
 
@@ -716,6 +722,40 @@ static void listener_free(struct weft_listener *l) {
   free(l);
 }
 
+/* l is the runtime's from here on: weft__listen_destroy frees it. */
+static void listener_keep(weft_rt *rt, struct weft_listener *l) {
+  pthread_mutex_lock(&rt->life.lock);
+  l->next = rt->net.listeners;
+  rt->net.listeners = l;
+  pthread_mutex_unlock(&rt->life.lock);
+}
+
+/* weft_tcp_listen failed with `made` sockets made and the first `watched`
+ * of them watched. One not watched was seen by nobody: it goes now. A
+ * watched one may have been run already, on epoll, by a connection that
+ * waited on it (its event needs no EV_LIVE: sock.c); it did not accept
+ * (not ready), but its node may still be queued, so it closes on its
+ * strand, as at a weft_listener_close without done. Its pending clients
+ * are then reset with the socket. */
+static void listen_failed(struct weft_listener *l, unsigned made,
+                          unsigned watched) {
+  weft_rt *rt = l->rt;
+  for (unsigned i = watched; i < made; i++)
+    lsock_discard(l->socks[i]);
+  if (!watched) {
+    weft__unix_unlink(&l->addr, l->addrlen, &l->file);
+    listener_free(l);
+    return;
+  }
+  /* A watch ran, so all were made: a TCP group, no socket file. Nothing
+   * reads these words before the sockets go live below. */
+  weft__store(&l->close_claim, 1, WA_RLX);
+  weft__store(&l->live, ((uint64_t)watched << 1) | 1, WA_RLX);
+  listener_keep(rt, l);
+  for (unsigned i = 0; i < watched; i++)
+    weft__sock_live(&l->socks[i]->s, l->gens[i], EV_CLOSE);
+}
+
 int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
                     const weft_listen_opts *opts, weft_accept_fn fn, void *arg,
                     weft_listener **out) {
@@ -771,8 +811,7 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   bool reuseport = n > 1 || (flags & WEFT_LISTEN_SHARE);
   if (!r && !(flags & WEFT_LISTEN_SHARE) && reuseport)
     r = probe_free(rt, l);
-  /* Before any socket is watched: an epoll readiness event may have one
-   * accept before the last is watched, and its hold and drop count here. */
+  /* An item per socket, each dropped when that socket closes. */
   weft__store(&l->live, (uint64_t)n << 1, WA_RLX);
   unsigned made = 0;
   for (; !r && made < n; made++) {
@@ -782,24 +821,17 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
       break;
   }
   /* Watched only once all are made, and live (seen by the shutdown sweep)
-   * only once all are watched, so that the failure path below may discard
-   * them all: nothing has signalled them. Except on epoll, if a watch fails
-   * (epoll_ctl: no memory, or max_user_watches) while a connection already
-   * waits on a socket watched before it: its readiness event may have
-   * queued that socket, which is then discarded under its queued node. */
-  for (unsigned i = 0; !r && i < n; i++)
-    r = weft__sock_watch(&l->socks[i]->s, i, false);
+   * only once all are watched. */
+  unsigned watched = 0;
+  while (!r && watched < n &&
+         !(r = weft__sock_watch(&l->socks[watched]->s, watched, false)))
+    watched++;
   if (r) {
-    for (unsigned i = 0; i < made; i++)
-      lsock_discard(l->socks[i]);
-    weft__unix_unlink(&l->addr, l->addrlen, &l->file);
-    listener_free(l);
+    listen_failed(l, made, watched);
     return r;
   }
-  pthread_mutex_lock(&rt->life.lock);
-  l->next = rt->net.listeners;
-  rt->net.listeners = l;
-  pthread_mutex_unlock(&rt->life.lock);
+  weft__store(&l->ready, 1, WA_REL); /* before the kicks that accept */
+  listener_keep(rt, l);
   for (unsigned i = 0; i < n; i++)
     weft__sock_live(&l->socks[i]->s, l->gens[i], EV_KICK);
   *out = l;

@@ -136,6 +136,8 @@ typedef struct weft_listener_stats {
  * request waiting in the kernel, which reads RLIMIT_NOFILE when the request
  * is made: a soft limit lowered while the listener runs binds its accepts
  * from the next request on (after an error, a shortage, or a pause).
+ * fn may run before a successful call returns; after a failed one it never
+ * runs, and clients that had already reached one of its sockets are reset.
  * opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too
  * small for the family, WEFT_LISTEN_SHARE with Unix), -EAFNOSUPPORT
  * (neither IPv4, IPv6 nor Unix), -EADDRINUSE, -EACCES, -ENOENT (a Unix
