@@ -268,8 +268,8 @@ void weft__io_destroy(weft_rt *rt) {
  * sooner. */
 #define POLL_SHARE_MIN 4
 
-static void poll_backend(struct weft__shard *sh, struct weft__io *io,
-                         bool idle) {
+static void poll_backend(struct weft__shard *sh, struct weft__io *io, bool idle,
+                         bool look) {
   if (io->kind == WEFT_BACKEND_URING) {
     /* Prepared SQEs go in groups while the shard is busy, so one enter
      * carries many; out of work, the wait that parks the thread submits
@@ -282,7 +282,14 @@ static void poll_backend(struct weft__shard *sh, struct weft__io *io,
     weft__uring_reap(io);
     return;
   }
-  if (io->nev == 0 && (idle || (sh->tick & 15) == 0)) {
+  /* One turn in 16, idle or busy, and whenever the run loop asks (look).
+   * Not at every idle turn: one that finds nothing to run is followed by
+   * the park's wait in this backend, which sees the same events, and a
+   * poll before it would make two system calls where a plain epoll loop
+   * makes one. The count still bounds how long a thread that never parks
+   * (it steals, or takes posts from outside one by one) leaves its own
+   * sockets unread. */
+  if (io->nev == 0 && (look || (sh->tick & 15) == 0)) {
     weft__trace_flush();
     weft__epoll_wait(io, 0, false);
   }
@@ -291,13 +298,14 @@ static void poll_backend(struct weft__shard *sh, struct weft__io *io,
 
 /* The pushes of what the poll delivers are quiet (shard.c, weft__schedule):
  * one notify at the end, and only for more than POLL_SHARE_MIN items. */
-void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle) {
+void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle,
+                   bool look) {
   if (sh->quiet) { /* inside a firing batch, which notifies once at its end */
-    poll_backend(sh, io, idle);
+    poll_backend(sh, io, idle, look);
     return;
   }
   sh->quiet = true;
-  poll_backend(sh, io, idle);
+  poll_backend(sh, io, idle, look);
   sh->quiet = false;
   if (weft__runq_len(&sh->prq) + weft__runq_len(&sh->rq) > POLL_SHARE_MIN)
     weft__notify_parked(sh->rt);

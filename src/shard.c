@@ -149,8 +149,9 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
     weft__take_from_stuck(sh, stuck);
   struct weft__io *io = weft__load(&sh->io, WA_ACQ);
   if (io)
-    weft__io_poll(sh, io,
-                  !weft__runq_len(&sh->rq) && !weft__runq_len(&sh->prq));
+    weft__io_poll(sh, io, !weft__runq_len(&sh->rq) && !weft__runq_len(&sh->prq),
+                  sh->spun);
+  sh->spun = false;
   if ((it = pop_own(rt, &sh->prq)))
     return it;
   if (++sh->tick % 61 == 0 && (it = take_inject(rt, sh)))
@@ -212,8 +213,10 @@ static void main_loop(struct weft__thread *t) {
       /* The last item's end, held for the next item's start (strand.c,
        * item_end), is written before the search, the spin or the park. */
       weft__trace_flush();
-      if (spin_to_timer(rt, sh))
+      if (spin_to_timer(rt, sh)) {
+        sh->spun = true; /* no wait in the backend: next_item polls it */
         continue;
+      }
       if (weft__to_searching(rt, t))
         it = steal(rt, sh);
       if (!it) {

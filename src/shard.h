@@ -59,6 +59,9 @@ struct weft__shard {
   /* a handler asks the strand it runs on to end its turn after it
    * (weft__yield_turn): more of its work is queued behind it */
   bool yield_turn;
+  /* the thread waited on the clock for a timer (shard.c, spin_to_timer),
+   * not in the backend: its next poll asks the backend, busy or not */
+  bool spun;
   struct weft__timers tm;
   struct weft__shard_counters st;
   /* NULL: backend NONE, or not set up yet (io.c: weft__io_ensure) */
