@@ -268,13 +268,14 @@ void weft__io_destroy(weft_rt *rt) {
  * sooner. */
 #define POLL_SHARE_MIN 4
 
-static void poll_backend(struct weft__shard *sh, struct weft__io *io, bool idle,
+static void poll_backend(struct weft__shard *sh, struct weft__io *io,
                          bool look) {
   if (io->kind == WEFT_BACKEND_URING) {
     /* Prepared SQEs go in groups while the shard is busy, so one enter
      * carries many; out of work, the wait that parks the thread submits
-     * them, or weft__io_flush before it runs stolen work. */
-    if (io->unsubmitted && !idle &&
+     * them, or weft__io_flush before it runs stolen or injected work. */
+    if (io->unsubmitted &&
+        (weft__runq_len(&sh->rq) || weft__runq_len(&sh->prq)) &&
         (io->unsubmitted >= 16 || (sh->tick & 7) == 0)) {
       weft__trace_flush(); /* a held item end: not after a system call */
       weft__uring_submit(io);
@@ -288,7 +289,7 @@ static void poll_backend(struct weft__shard *sh, struct weft__io *io, bool idle,
    * poll before it would make two system calls where a plain epoll loop
    * makes one. The count still bounds how long a thread that never parks
    * (it steals, or takes posts from outside one by one) leaves its own
-   * sockets unread. */
+   * sockets unread (test_io_busy_poll). */
   if (io->nev == 0 && (look || (sh->tick & 15) == 0)) {
     weft__trace_flush();
     weft__epoll_wait(io, 0, false);
@@ -298,14 +299,13 @@ static void poll_backend(struct weft__shard *sh, struct weft__io *io, bool idle,
 
 /* The pushes of what the poll delivers are quiet (shard.c, weft__schedule):
  * one notify at the end, and only for more than POLL_SHARE_MIN items. */
-void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle,
-                   bool look) {
+void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool look) {
   if (sh->quiet) { /* inside a firing batch, which notifies once at its end */
-    poll_backend(sh, io, idle, look);
+    poll_backend(sh, io, look);
     return;
   }
   sh->quiet = true;
-  poll_backend(sh, io, idle, look);
+  poll_backend(sh, io, look);
   sh->quiet = false;
   if (weft__runq_len(&sh->prq) + weft__runq_len(&sh->rq) > POLL_SHARE_MIN)
     weft__notify_parked(sh->rt);
@@ -314,8 +314,10 @@ void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle,
 void weft__io_flush(struct weft__shard *sh) {
   /* acquire: pairs with the publication in weft__io_ensure */
   struct weft__io *io = weft__load(&sh->io, WA_ACQ);
-  if (io && io->unsubmitted)
+  if (io && io->unsubmitted) {
+    weft__trace_flush(); /* a held item end: not after a system call */
     weft__uring_submit(io);
+  }
 }
 
 bool weft__io_wait(struct weft__thread *t, struct weft__io *io,

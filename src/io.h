@@ -168,11 +168,10 @@ int weft__io_init(weft_rt *rt, int backend);
 int weft__io_ensure(weft_rt *rt);
 void weft__io_destroy(weft_rt *rt);
 void weft__io_stats(weft_rt *rt, weft_stats *out);
-/* Run loop: submit what is prepared, dispatch what completed. idle: the
- * shard's run queues are empty. look: a readiness backend asks the kernel
- * now (a system call); without it, one turn in 16 (io.c says why). */
-void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool idle,
-                   bool look);
+/* Run loop: submit what is prepared, dispatch what completed. look: a
+ * readiness backend asks the kernel now (a system call); without it, one
+ * turn in 16 (io.c says why). */
+void weft__io_poll(struct weft__shard *sh, struct weft__io *io, bool look);
 /* Submits what the shard has prepared (a no-op for readiness backends). */
 void weft__io_flush(struct weft__shard *sh);
 /* Park: sleep in the backend until woken (t->wake), an event, or deadline

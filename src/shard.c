@@ -149,8 +149,7 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
     weft__take_from_stuck(sh, stuck);
   struct weft__io *io = weft__load(&sh->io, WA_ACQ);
   if (io)
-    weft__io_poll(sh, io, !weft__runq_len(&sh->rq) && !weft__runq_len(&sh->prq),
-                  sh->spun);
+    weft__io_poll(sh, io, sh->spun);
   sh->spun = false;
   if ((it = pop_own(rt, &sh->prq)))
     return it;
@@ -158,7 +157,14 @@ static weft__item next_item(weft_rt *rt, struct weft__shard *sh) {
     return it;
   if ((it = pop_own(rt, &sh->rq)))
     return it;
-  return take_inject(rt, sh);
+  /* Our rings are empty: what this thread prepared goes to the kernel
+   * before it runs work from elsewhere, as before stolen work (main_loop).
+   * Else a thread fed posts from outside one at a time, which never
+   * parks, would keep it back for as long as the posts came
+   * (test_io_busy_poll). */
+  if ((it = take_inject(rt, sh)))
+    weft__io_flush(sh);
+  return it;
 }
 
 unsigned weft__shard_idx(const struct weft__shard *sh) { return sh->idx; }

@@ -796,7 +796,7 @@ static bool poll_io(weft_rt *rt, struct weft__sim *m, unsigned n, uint64_t next,
       continue;
     }
     weft__set_self(weft__load(&sh->owner, WA_ACQ));
-    weft__io_poll(sh, io, true, true);
+    weft__io_poll(sh, io, true);
     weft__set_self(NULL);
   }
   if (weft__load(&rt->inject.len, WA_SC) > 0 || !rings_empty(rt))
