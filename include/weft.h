@@ -85,7 +85,10 @@ typedef struct weft_stall {
 } weft_stall;
 
 /* Called on the runtime's monitor thread once per stall; it must return
- * quickly and must not call weft functions that wait. */
+ * quickly and must not call weft functions that wait. It may read the
+ * runtime's statistics (weft_rt_stats), even while weft_rt_destroy runs:
+ * destroy waits for a call in progress before it frees anything, and no
+ * call starts after that. */
 typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
 
 /* Log levels, most severe first. */

@@ -77,6 +77,7 @@ struct weft__monitor {
   _Atomic uint32_t wake;     /* futex word: 1 = nudged or stopping */
   _Atomic uint32_t sleeping; /* 1 while waiting for any shard to run */
   _Atomic uint32_t stop;
+  bool joined; /* weft__monitor_join returned (the destroying thread's) */
   bool handoff_ok;
   uint64_t tick_ns;
   uint64_t last_scan; /* when scan last ran, for the handler rate; 0: none
@@ -698,12 +699,20 @@ void weft__monitor_stop_soon(weft_rt *rt) {
   weft__futex_wake(&m->wake, 1);
 }
 
+void weft__monitor_join(weft_rt *rt) {
+  struct weft__monitor *m = rt->mon.m;
+  if (!m || m->joined)
+    return;
+  weft__monitor_stop_soon(rt);
+  pthread_join(m->tid, NULL);
+  m->joined = true;
+}
+
 void weft__monitor_stop(weft_rt *rt) {
   struct weft__monitor *m = rt->mon.m;
   if (!m)
     return;
-  weft__monitor_stop_soon(rt);
-  pthread_join(m->tid, NULL);
+  weft__monitor_join(rt);
   monitor_free(m);
   rt->mon.m = NULL;
 }

@@ -560,11 +560,14 @@ int weft_rt_destroy(weft_rt *rt) {
   weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
   wait_done(rt);
   weft__signals_forget(rt);
-  /* Nothing runs after done: the monitor's thread exits while the others
-   * do. Threads that finish a job or a bypassed handler poke the idle state
-   * and nudge the monitor after the count that let the shutdown finish:
-   * join them all before the monitor's state and the idle state go away. */
-  weft__monitor_stop_soon(rt);
+  /* Nothing runs after done, but the monitor may be inside a scan that
+   * saw a handler still running and reports it now: its on_stall may read
+   * the runtime's statistics, the blocking pools' included, so the
+   * monitor's thread is joined before anything goes away. Threads that
+   * finish a job or a bypassed handler poke the idle state and nudge the
+   * monitor after the count that let the shutdown finish: join them all
+   * before the monitor's state and the idle state go away. */
+  weft__monitor_join(rt);
   weft__blocking_destroy(rt);
   join_all(rt);
   weft__monitor_stop(rt);

@@ -15,6 +15,8 @@
  *    start) was short could not have been reported. Reports naming the
  *    short handler must not outnumber the handlers that could have been
  *    held up. Nothing here bounds time: the times only excuse reports.
+ *  - An on_stall that reads weft_rt_stats 100 ms after a report, while
+ *    weft_rt_destroy runs: destroy waits for it, and the read works.
  *  - WEFT_CONFIG_NO_MONITOR: a 20 ms sleeper is not reported, stats.stalls
  *    and stats.handoffs stay 0.
  *  - max_threads == workers: the stall is reported with handed_off 0,
@@ -304,6 +306,43 @@ static void test_short_not_reported(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* ------------------------------------------- on_stall during a destroy
+ * The monitor may report a stall it saw just before the runtime finished,
+ * while weft_rt_destroy runs; an on_stall that reads the statistics then
+ * must find the runtime whole. The callback here holds the monitor for
+ * 100 ms (longer than a callback should: it widens the window) before it
+ * reads them, and weft_rt_destroy is called meanwhile: it must wait for
+ * the callback to return before it takes anything down. */
+static weft_rt *g_destroy_rt;
+static atomic_int g_in_cb, g_cb_stats;
+
+static void on_stall_then_stats(const weft_stall *st, void *ctx) {
+  (void)st;
+  (void)ctx;
+  if (atomic_fetch_add(&g_in_cb, 1) != 0)
+    return; /* the first report only */
+  tu_sleep_ms(100);
+  weft_stats s;
+  TU_CHECK(weft_rt_stats(g_destroy_rt, &s) == 0);
+  atomic_store(&g_cb_stats, 1);
+}
+
+static void test_destroy_during_on_stall(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_phase("report: destroy while on_stall runs");
+  atomic_store(&g_slept, 0);
+  atomic_store(&g_in_cb, 0);
+  atomic_store(&g_cb_stats, 0);
+  g_destroy_rt = make_rt(0, on_stall_then_stats);
+  assert_int_equal(weft_post_rt(g_destroy_rt, sleeper, NULL), 0);
+  while (!atomic_load(&g_in_cb))
+    tu_sleep_ms(1);
+  assert_int_equal(weft_rt_destroy(g_destroy_rt), 0);
+  assert_int_equal(atomic_load(&g_cb_stats), 1);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 /* -------------------------------------------------------------- no monitor */
 
 static void test_no_monitor(void **state) {
@@ -487,6 +526,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_sleeper_reported_once),
       cmocka_unit_test(test_short_not_reported),
+      cmocka_unit_test(test_destroy_during_on_stall),
       cmocka_unit_test(test_no_monitor),
       cmocka_unit_test(test_no_spare_room),
       cmocka_unit_test(test_default_prints),
