@@ -690,7 +690,7 @@ int weft__monitor_start(weft_rt *rt) {
   return 0;
 }
 
-void weft__monitor_stop_soon(weft_rt *rt) {
+static void stop_soon(weft_rt *rt) {
   struct weft__monitor *m = rt->mon.m;
   if (!m)
     return;
@@ -703,7 +703,7 @@ void weft__monitor_join(weft_rt *rt) {
   struct weft__monitor *m = rt->mon.m;
   if (!m || m->joined)
     return;
-  weft__monitor_stop_soon(rt);
+  stop_soon(rt);
   pthread_join(m->tid, NULL);
   m->joined = true;
 }

@@ -15,11 +15,10 @@ bool weft__membarrier_register(void);
 int weft__monitor_start(weft_rt *rt);
 /* Starts one spare at create, so the first stall finds one. */
 int weft__spare_prestart(weft_rt *rt);
-/* Tells the monitor thread to exit; join waits until it has (so no
- * stall is reported, nor on_stall called, from then on); stop joins it
- * if that was not done and frees its state, which a late nudge may still
- * read until then. */
-void weft__monitor_stop_soon(weft_rt *rt);
+/* join tells the monitor thread to exit and waits until it has: no stall
+ * is reported, nor on_stall called, from then on. stop joins it if that
+ * was not done and frees its state, which a late nudge may still read
+ * until then. */
 void weft__monitor_join(weft_rt *rt);
 void weft__monitor_stop(weft_rt *rt);
 /* A thread unparked: a monitor asleep for an idle runtime watches again. */
