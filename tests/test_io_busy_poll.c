@@ -15,10 +15,6 @@
  * the connection waiting until the stream stopped or the poster fell
  * behind. Registered for each backend.
  */
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include "testutil.h"
 
 #define SPIN_NS 200000u
@@ -64,31 +60,24 @@ static void test_accept_while_fed_one_by_one(void **state) {
   assert_int_equal(weft_rt_create(&rt, &cfg), 0);
 
   pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, poster_main, rt), 0);
+  tu_thread_start(&th, poster_main, rt);
   while (atomic_load(&started) < 20) /* the stream runs */
     tu_sleep_ms(1);
 
   /* Made while the worker is fed: on io_uring its accept request is
    * prepared on the worker's ring by a turn of the stream. */
-  struct sockaddr_in sa = {.sin_family = AF_INET,
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
   weft_listener *l;
-  assert_int_equal(weft_tcp_listen(rt, (struct sockaddr *)&sa, sizeof(sa), NULL,
-                                   on_accept, NULL, &l),
-                   0);
-  unsigned len = sizeof(sa);
-  assert_int_equal(weft_listener_addr(l, (struct sockaddr *)&sa, &len), 0);
+  uint16_t port = tu_tcp_listen(rt, NULL, on_accept, NULL, &l);
   tu_sleep_ms(5);
 
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  int fd = tu_sock_connect(port, 0, 0);
   assert_true(fd >= 0);
-  assert_int_equal(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
   unsigned s0 = atomic_load(&started), ran = 0;
   while (!atomic_load(&accepted) &&
          (ran = atomic_load(&started) - s0) < AFTER_CONNECT)
     tu_sleep_ms(1);
   atomic_store(&stop, 1);
-  pthread_join(th, NULL);
+  tu_thread_join(th, "the poster");
   if (!atomic_load(&accepted))
     fail_msg("not accepted after %u more handlers, the worker fed posts "
              "one at a time (backend %s)",
