@@ -324,6 +324,12 @@ static const struct {
 #ifdef SYS_io_uring_enter
     CALL(io_uring_enter),
 #endif
+#ifdef SYS_clone
+    CALL(clone), /* a vfork's parent waits there for the exec */
+#endif
+#ifdef SYS_clone3
+    CALL(clone3),
+#endif
 #ifdef SYS_pause
     CALL(pause),
 #endif

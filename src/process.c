@@ -1,9 +1,9 @@
 /*
- * process.c - child processes (weft_spawn): starting a program with
- * posix_spawn, its stdio as streams (socket pairs adopted as connections,
- * tcp.c), and its end, watched through a pidfd. Owns struct weft_process
- * (an object of sock.h's kind SK_PROC whose descriptor is the pidfd) and
- * its pool.
+ * process.c - child processes (weft_spawn): starting a program (spawn.c,
+ * which returns its pidfd with it), its stdio as streams (socket pairs
+ * adopted as connections, tcp.c), and its end, watched through the pidfd.
+ * Owns struct weft_process (an object of sock.h's kind SK_PROC whose
+ * descriptor is the pidfd) and its pool.
  *
  * A pidfd becomes readable when its process ends; that readiness comes as
  * any socket's does (epoll's edge, or a one-shot poll in the io_uring
@@ -11,26 +11,27 @@
  * waits on SIGCHLD, so the application keeps that signal to itself, and a
  * pid that another process reused is never waited for or signalled (the
  * pidfd names this process only; weft_process_kill uses
- * pidfd_send_signal). One caveat no pidfd removes: an application thread
- * that calls waitpid(-1) may reap the child first; weft then reports the
- * end it can see (term_signal 0, exit code 0) when waitid fails with
- * ECHILD.
+ * pidfd_send_signal). One caveat no pidfd removes: another reaper (an
+ * application's waitpid(-1), or SIGCHLD ignored, when the kernel reaps)
+ * may take the child's status first; waitid then fails with ECHILD, and
+ * the exit callback reports exit code -ECHILD.
  *
  * At a shutdown a child still running is killed and reaped on its strand
  * (waitid without WNOHANG returns as soon as SIGKILL has ended it), so no
- * zombie outlives the runtime and every exit callback runs once.
+ * zombie outlives the runtime and every exit callback runs once; one that
+ * cannot be killed is left running (unkillable).
  */
 #include "process.h"
 
 #include "rt.h"
 #include "sock.h"
+#include "spawn.h"
 #include "tcp.h"
 #include "thread.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -52,12 +53,8 @@ struct weft_process {
   void *arg;
   pid_t pid;
   bool polling;
+  struct weft__io *poll_io; /* the ring the poll went to, while polling */
 };
-
-static int pidfd_open(pid_t pid) {
-  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
-  return fd < 0 ? -errno : fd;
-}
 
 static int pidfd_signal(int fd, int signo) {
   return syscall(SYS_pidfd_send_signal, fd, signo, NULL, 0) < 0 ? -errno : 0;
@@ -68,8 +65,9 @@ static int pidfd_signal(int fd, int signo) {
 
 /* Frees p once its exit callback has run and no poll of its pidfd is in
  * the ring: the completion of one in flight names p's memory. Such a poll
- * always completes, without a cancel, since a pidfd polls readable once
- * its process has ended, and a reaped process has. */
+ * completes without a cancel, since a pidfd polls readable once its
+ * process has ended, and a reaped process has; only an unkillable child's
+ * is cancelled. */
 static void finish(struct weft_process *p) {
   if (p->polling)
     return; /* weft__proc_run finishes on the poll's completion */
@@ -77,8 +75,9 @@ static void finish(struct weft_process *p) {
   weft__sock_free(&p->s);
 }
 
-static void ended(struct weft_process *p, const siginfo_t *si) {
-  int code = 0, sig = 0;
+/* si: how it ended; NULL: unknown, err says why (exit_code err). */
+static void ended(struct weft_process *p, const siginfo_t *si, int err) {
+  int code = err, sig = 0;
   if (si && si->si_code == CLD_EXITED)
     code = si->si_status;
   else if (si)
@@ -98,21 +97,36 @@ static bool reap(struct weft_process *p, bool wait) {
     r = waitid(P_PIDFD, (id_t)p->s.fd, &si, WEXITED | (wait ? 0 : WNOHANG));
   while (r < 0 && errno == EINTR);
   if (r < 0) { /* ECHILD: reaped by someone else (see the top) */
-    ended(p, NULL);
+    ended(p, NULL, -errno);
     return true;
   }
   if (si.si_pid == 0)
     return false; /* still running */
-  ended(p, &si);
+  ended(p, &si, 0);
   return true;
 }
 
 static void poll_submit(struct weft_process *p) {
   struct weft__shard *sh = weft__local_begin(weft__sock_rt(&p->s));
   p->polling = weft__io_poll_fd(sh, p->s.fd, WEFT_IO_IN, &p->s.ioh) == 0;
+  p->poll_io = p->polling ? weft__io_of(sh) : NULL;
   weft__local_end(sh);
   if (!p->polling)
     weft__sock_kick(&p->s);
+}
+
+/* At a shutdown, a child that SIGKILL cannot reach (err: -EPERM, it took
+ * a user this process may not signal): waiting for it could take forever,
+ * so its exit callback reports err and it is left running, unreaped. Its
+ * poll, which would complete only at its end, is cancelled; -ENOENT means
+ * it has completed, its EV_POLLED on the way (a poll prepared but not yet
+ * entered would be missed, and hold the shutdown until the child ends). */
+static void unkillable(struct weft_process *p, int err) {
+  if (reap(p, false))
+    return; /* it ended meanwhile */
+  ended(p, NULL, err);
+  if (p->polling)
+    weft__io_cancel_sync(p->poll_io, &p->s.ioh, WEFT_OP_POLL, 1000000);
 }
 
 void weft__proc_run(struct weft__sock *s, uint32_t bits) {
@@ -124,7 +138,11 @@ void weft__proc_run(struct weft__sock *s, uint32_t bits) {
   if (s->state != ST_OPEN)
     return;
   if (bits & EV_SHUTDOWN) {
-    pidfd_signal(s->fd, SIGKILL);
+    int k = pidfd_signal(s->fd, SIGKILL);
+    if (k && k != -ESRCH) {
+      unkillable(p, k);
+      return;
+    }
     if (!p->polling) {
       reap(p, true);
       return;
@@ -161,18 +179,20 @@ static void fds_close(struct stdio_fds *f) {
   }
 }
 
-/* The file actions for o->stdio; socket pairs made for the pipes. */
+/* Socket pairs for o->stdio's pipes; sp->fd for each descriptor. A child
+ * end below 3 (the parent has closed its stdio) is moved up, so that
+ * making one of the child's stdio descriptors cannot close another's
+ * source (spawn.h). */
 static int stdio_setup(weft_rt *rt, const weft_spawn_opts *o,
-                       posix_spawn_file_actions_t *fa, struct stdio_fds *f) {
+                       struct weft__spawn *sp, struct stdio_fds *f) {
   for (int i = 0; i < 3; i++) {
     int sv[2];
     switch (o->stdio[i]) {
     case WEFT_STDIO_INHERIT:
+      sp->fd[i] = WEFT__SPAWN_INHERIT;
       break;
     case WEFT_STDIO_NULL:
-      if (posix_spawn_file_actions_addopen(fa, i, "/dev/null",
-                                           i ? O_WRONLY : O_RDONLY, 0))
-        return -ENOMEM;
+      sp->fd[i] = WEFT__SPAWN_NULL;
       break;
     case WEFT_STDIO_PIPE:
       /* The child's end stays blocking, as programs expect of stdio. */
@@ -180,11 +200,17 @@ static int stdio_setup(weft_rt *rt, const weft_spawn_opts *o,
         return -errno;
       f->parent[i] = sv[0];
       f->child[i] = sv[1];
+      if (sv[1] < 3) {
+        int up = fcntl(sv[1], F_DUPFD_CLOEXEC, 3);
+        if (up < 0)
+          return -errno;
+        close(sv[1]);
+        f->child[i] = up;
+      }
+      sp->fd[i] = f->child[i];
       if (weft__io_sock_flags(rt) & SOCK_NONBLOCK &&
           fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK) < 0)
         return -errno;
-      if (posix_spawn_file_actions_adddup2(fa, sv[1], i))
-        return -ENOMEM;
       break;
     default:
       return -EINVAL;
@@ -194,29 +220,15 @@ static int stdio_setup(weft_rt *rt, const weft_spawn_opts *o,
 }
 
 static int start(weft_rt *rt, const weft_spawn_opts *o, struct stdio_fds *f,
-                 pid_t *pid) {
-  posix_spawn_file_actions_t fa;
-  posix_spawnattr_t at;
-  if (posix_spawn_file_actions_init(&fa))
-    return -ENOMEM;
-  if (posix_spawnattr_init(&at)) {
-    posix_spawn_file_actions_destroy(&fa);
-    return -ENOMEM;
-  }
-  /* The calling thread may block signals (weft's own threads do): the
-   * child starts with none blocked. */
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&at, &none);
-  posix_spawnattr_setflags(&at, POSIX_SPAWN_SETSIGMASK);
-  int r = stdio_setup(rt, o, &fa, f);
-  if (!r && o->cwd && posix_spawn_file_actions_addchdir_np(&fa, o->cwd))
-    r = -ENOMEM;
+                 pid_t *pid, int *pidfd) {
+  struct weft__spawn sp = {.argv = o->argv,
+                           .envp =
+                               o->envp ? o->envp : (const char *const *)environ,
+                           .cwd = o->cwd,
+                           .path = getenv("PATH")};
+  int r = stdio_setup(rt, o, &sp, f);
   if (!r)
-    r = -posix_spawnp(pid, o->argv[0], &fa, &at, (char *const *)o->argv,
-                      o->envp ? (char *const *)o->envp : environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&at);
+    r = weft__spawn_start(&sp, pid, pidfd);
   for (int i = 0; i < 3; i++)
     if (f->child[i] >= 0) {
       close(f->child[i]);
@@ -249,11 +261,14 @@ static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
   return weft__tcp_check_rt(rt);
 }
 
-/* A spawned child that weft will not watch: killed and reaped. */
-static void abandon(pid_t pid) {
-  kill(pid, SIGKILL);
-  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+/* A spawned child that weft will not watch: killed and reaped, through
+ * its pidfd, which is then closed. */
+static void abandon(int pidfd) {
+  siginfo_t si;
+  pidfd_signal(pidfd, SIGKILL);
+  while (waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED) < 0 && errno == EINTR)
     ;
+  close(pidfd);
 }
 
 int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
@@ -264,19 +279,14 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
     return r;
   struct stdio_fds f = {{-1, -1, -1}, {-1, -1, -1}};
   pid_t pid;
-  if ((r = start(rt, o, &f, &pid))) {
+  int pfd;
+  if ((r = start(rt, o, &f, &pid, &pfd))) {
     fds_close(&f);
     return r;
   }
-  int pfd = pidfd_open(pid);
   struct weft__sock *sk = NULL;
-  if (pfd < 0) {
-    r = pfd;
-  } else if ((r = weft__sock_new(&sk, rt, SK_PROC, pfd, s, proc_done))) {
-    close(pfd);
-  }
-  if (r) {
-    abandon(pid);
+  if ((r = weft__sock_new(&sk, rt, SK_PROC, pfd, s, proc_done))) {
+    abandon(pfd);
     fds_close(&f);
     return r;
   }

@@ -12,6 +12,10 @@
  *  - No zombie: after the exit callback, waitpid on the pid fails with
  *    ECHILD; a shutdown with a child sleeping kills it (term_signal 9)
  *    and reaps it; so does one racing children that end on their own.
+ *  - Another reaper (SIGCHLD ignored, or a handler reaping every child):
+ *    each spawn succeeds, each exit callback runs once, with 7 or -ECHILD.
+ *  - A parent with stdin and stdout closed: the child's stderr stream
+ *    still carries what it writes.
  *  - Errors: a missing program (by path and by PATH search) -ENOENT; NULL
  *    arguments, bad stdio values, streams without a strand (-EINVAL) or
  *    off it (-EPERM).
@@ -94,8 +98,9 @@ static void spawn_handler(void *arg) {
   for (int i = 0; i < 3; i++)
     if (ch->io[i])
       TU_CHECK_RC(weft_tcp_set_data(ch->io[i], ch, on_closed), 0);
-  if (ch->io[1])
-    TU_CHECK_RC(weft_tcp_read(ch->io[1], ch->out, ch->out_cap, on_out, ch), 0);
+  weft_tcp *rd = ch->io[1] ? ch->io[1] : ch->io[2]; /* stdout, or stderr */
+  if (rd)
+    TU_CHECK_RC(weft_tcp_read(rd, ch->out, ch->out_cap, on_out, ch), 0);
   if (ch->io[0]) {
     if (ch->in_len)
       TU_CHECK_RC(weft_tcp_write(ch->io[0], ch->in, ch->in_len, in_written, ch),
@@ -306,6 +311,93 @@ static void test_shutdown_racing_exits(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* Another reaper in the process: SIGCHLD ignored (the kernel reaps each
+ * child as it exits), then a SIGCHLD handler reaping every child with
+ * waitpid(-1). Each spawn still succeeds (the pidfd comes with the child,
+ * so a child that ends at once cannot be lost before weft holds it) and
+ * each exit callback runs once, with the status or -ECHILD, never a made-up
+ * 0. */
+static void reap_all(int sig) {
+  (void)sig;
+  int e = errno;
+  while (waitpid(-1, NULL, WNOHANG) > 0)
+    ;
+  errno = e;
+}
+
+static void spawn_reaped_elsewhere(weft_rt *rt, weft_strand *s, bool ignored) {
+  static const char *const exit7[] = {"sh", "-c", "exit 7", NULL};
+  enum { KIDS = 40 };
+  child *ch = calloc(KIDS, sizeof(*ch));
+  assert_non_null(ch);
+  for (int i = 0; i < KIDS; i++) {
+    child_init(&ch[i], rt, s, exit7);
+    tu_on_strand(s, spawn_handler, &ch[i]);
+    tu_assert_rc(ch[i].spawn_rc, 0);
+  }
+  for (int i = 0; i < KIDS; i++) {
+    tu_event_wait(&ch[i].ev, 1, "a child's end");
+    assert_int_equal(ch[i].exits, 1);
+    assert_int_equal(ch[i].sig, 0);
+    if (ignored || ch[i].code != 7)
+      assert_int_equal(ch[i].code, -ECHILD);
+    child_fini(&ch[i]);
+  }
+  free(ch);
+}
+
+static void test_reaped_elsewhere(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  weft_strand *s;
+  weft_rt *rt = rt_make(&s);
+  struct sigaction ign = {.sa_handler = SIG_IGN}, old;
+  assert_int_equal(sigaction(SIGCHLD, &ign, &old), 0);
+  spawn_reaped_elsewhere(rt, s, true);
+  struct sigaction reaper = {.sa_handler = reap_all, .sa_flags = SA_RESTART};
+  assert_int_equal(sigaction(SIGCHLD, &reaper, NULL), 0);
+  spawn_reaped_elsewhere(rt, s, false);
+  assert_int_equal(sigaction(SIGCHLD, &old, NULL), 0);
+  rt_end(rt, s);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+/* A parent whose stdin and stdout are closed: a child end made there would
+ * be descriptor 0 or 1, and making the child's stdout /dev/null could
+ * then close its stderr stream's source. The stream still carries what
+ * the child writes to stderr. */
+static void test_parent_stdio_closed(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  weft_strand *s;
+  weft_rt *rt = rt_make(&s);
+  static const char *const argv[] = {"sh", "-c", "echo to-stderr >&2", NULL};
+  child ch;
+  child_init(&ch, rt, s, argv);
+  ch.o.stdio[1] = WEFT_STDIO_NULL;
+  ch.o.stdio[2] = WEFT_STDIO_PIPE;
+  int in = dup(0), out = dup(1);
+  assert_true(in >= 0 && out >= 0);
+  fflush(stdout);
+  close(0);
+  close(1);
+  tu_on_strand(s, spawn_handler, &ch);
+  if (!ch.spawn_rc) /* weft's descriptors may be 0 and 1 until it ends */
+    tu_event_wait(&ch.ev, 3, "the child's end, its stream's EOF and close");
+  rt_end(rt, s);
+  dup2(in, 0);
+  dup2(out, 1);
+  close(in);
+  close(out);
+  tu_assert_rc(ch.spawn_rc, 0);
+  assert_int_equal(ch.code, 0);
+  assert_int_equal(ch.closes, 1);
+  ch.out[ch.out_len] = 0;
+  assert_string_equal((char *)ch.out, "to-stderr\n");
+  child_fini(&ch);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 static void test_errors(void **state) {
   (void)state;
   tu_reset_async_errors();
@@ -354,6 +446,8 @@ int main(void) {
       cmocka_unit_test(test_options),
       cmocka_unit_test(test_shutdown),
       cmocka_unit_test(test_shutdown_racing_exits),
+      cmocka_unit_test(test_reaped_elsewhere),
+      cmocka_unit_test(test_parent_stdio_closed),
       cmocka_unit_test(test_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

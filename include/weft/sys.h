@@ -1,7 +1,7 @@
 /*
- * weft/sys.h - the rest of a server's system calls, none of which blocks a
- * worker: name resolution, files, child processes. Part of weft's API:
- * include <weft.h>, which includes this file.
+ * weft/sys.h - the rest of a server's system calls, none of which waits
+ * for its result on a worker: name resolution, files, child processes.
+ * Part of weft's API: include <weft.h>, which includes this file.
  */
 #ifndef WEFT_SYS_H
 #define WEFT_SYS_H
@@ -115,18 +115,22 @@ WEFT_API int weft_fs_stat(weft_rt *rt, weft_strand *s, const char *path, int fd,
 /* ---- child processes
  * ----------------------------------------------------------- weft_spawn starts
  * a program and calls fn once, on strand s, when it has ended; weft reaps it
- * (through a pidfd, Linux 5.3: no SIGCHLD handler is taken, and no zombie is
- * left). Its stdin, stdout and stderr can each be a stream to the parent: a
- * weft_tcp connection over a Unix socket pair, on strand s, with every call of
- * the TCP section (read, write, weft_tcp_shutdown to send EOF to the child's
- * stdin, a close callback of its own). A shutdown of the runtime kills
- * (SIGKILL) and reaps the children still running: their exit callbacks report
- * it. */
+ * (through a pidfd made with the child, Linux 5.4: no SIGCHLD handler is
+ * taken, and no zombie is left). Its stdin, stdout and stderr can each be a
+ * stream to the parent: a weft_tcp connection over a Unix socket pair, on
+ * strand s, with every call of the TCP section (read, write, weft_tcp_shutdown
+ * to send EOF to the child's stdin, a close callback of its own). A shutdown of
+ * the runtime kills (SIGKILL) and reaps the children still running: their exit
+ * callbacks report it. A child that cannot be killed (it took a user this
+ * process may not signal, as a set-user-ID program may) is left running and
+ * unreaped, and its exit callback reports -EPERM. */
 typedef struct weft_process weft_process;
 
 /* exit_code: the program's exit status (term_signal 0), or 0 when
- * term_signal, the signal that ended it, is not 0. p is gone once fn
- * returns. */
+ * term_signal, the signal that ended it, is not 0; or, with term_signal 0, a
+ * negative errno when how it ended is unknown: -ECHILD, its status went to
+ * another reaper (SIGCHLD ignored, or a waitpid(-1) elsewhere in the process);
+ * -EPERM, left running at a shutdown (above). p is gone once fn returns. */
 typedef void (*weft_exit_fn)(void *arg, weft_process *p, int exit_code,
                              int term_signal);
 
@@ -147,18 +151,24 @@ typedef struct weft_spawn_opts {
  * returned; streams[i] receives the stream of each WEFT_STDIO_PIPE (NULL
  * for the others; streams may be NULL if there is none). The child starts
  * with no signal blocked and its streams blocking, as a program expects.
+ * The calling thread waits until the child has begun the program (a vfork's
+ * wait, the exec's time: a millisecond or less, more for a large program on
+ * a loaded machine), so that a program that cannot start is an error here.
  * Must be called on strand s when it makes streams (their close callbacks
  * are set there: weft_tcp_set_data before the handler returns). Errors
  * (nothing started): -EINVAL, -EXDEV, -EBADF (s released), -EPERM (streams
- * asked for off strand s), -ENOENT and -EACCES (the program), -EMFILE,
- * -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend NONE), -ENOSYS (no pidfd). */
+ * asked for off strand s), -ENOENT, -EACCES, -ENOEXEC and the exec's other
+ * errors (the program, or cwd for -ENOENT), -EMFILE, -ENOMEM, -EAGAIN (the
+ * process limit), -ESHUTDOWN, -ENOTSUP (backend NONE), -ENOSYS (no pidfd:
+ * Linux before 5.4). */
 WEFT_API int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
                         weft_exit_fn fn, void *arg, weft_process **out,
                         weft_tcp *streams[3]);
 
 /* Sends signo to p (pidfd_send_signal: never to a process that reused
  * its pid). Errors: -EINVAL, -ESRCH (it has ended; its exit callback is
- * coming). Only until p's exit callback has returned. Any thread. */
+ * coming), -EPERM (it took a user this process may not signal). Only until
+ * p's exit callback has returned. Any thread. */
 WEFT_API int weft_process_kill(weft_process *p, int signo);
 /* p's process id. Any thread, until its exit callback has returned. */
 WEFT_API int weft_process_pid(const weft_process *p);
