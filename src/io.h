@@ -154,6 +154,7 @@ struct weft__io {
   /* buffers given to sockets, and given back: by the holder, by others */
   _Atomic uint64_t st_rbuf_out, st_rbuf_in, st_rbuf_ret;
   int epfd;            /* epoll */
+  bool ms_waits;       /* epoll: no epoll_pwait2, so epoll_wait (io_epoll.c) */
   unsigned nev, evpos; /* epoll: events waited for, not yet dispatched */
   uint64_t evdata[WEFT_IO_EVBUF];
   uint32_t evbits[WEFT_IO_EVBUF];

@@ -14,14 +14,20 @@
  * Waits use epoll_pwait2 (5.11, glibc 2.35) for a nanosecond timeout; the
  * events are kept in io->evdata/evbits and dispatched by the run loop after
  * the thread has left the sleepers (park.c: a parked thread queues nothing).
+ * Where epoll_pwait2 is refused (an older kernel, or a seccomp filter that
+ * does not know it: ENOSYS, or EPERM), which setup finds with one call,
+ * waits use epoll_wait, their timeout rounded up to the millisecond so that
+ * no timer fires early: timers are then up to a millisecond late.
  */
 #include "io_epoll.h"
 
 #include "clock.h"
+#include "log.h"
 #include "shard.h"
 #include "sock.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <sys/epoll.h>
 
 /* The handle's address fits 48 bits (x86-64 and arm64 user space). */
@@ -42,7 +48,26 @@ int weft__epoll_setup(struct weft__io *io) {
   struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.u64 = 0};
   if (epoll_ctl(io->epfd, EPOLL_CTL_ADD, io->efd, &ev) < 0)
     return -errno; /* io_setup closes epfd */
+  struct timespec zero = {0, 0};
+  if (epoll_pwait2(io->epfd, &ev, 1, &zero, NULL) < 0 &&
+      (errno == ENOSYS || errno == EPERM)) {
+    io->ms_waits = true;
+    if (io->sh->idx == 0)
+      weft__log(io->sh->rt, WEFT_LOG_INFO,
+                "epoll_pwait2 refused (%s): epoll waits use epoll_wait, "
+                "timers to the millisecond",
+                weft_strerror(-errno));
+  }
   return 0;
+}
+
+/* epoll_wait's timeout: tsp rounded up to the millisecond (-1: none). */
+static int wait_ms(const struct timespec *tsp) {
+  if (!tsp)
+    return -1;
+  uint64_t ns = (uint64_t)tsp->tv_sec * 1000000000u + (uint64_t)tsp->tv_nsec;
+  uint64_t ms = (ns + 999999u) / 1000000u;
+  return ms > INT_MAX ? INT_MAX : (int)ms;
 }
 
 int weft__epoll_watch(struct weft__io *io, int fd, struct weft__ioh *h,
@@ -67,7 +92,8 @@ bool weft__epoll_wait(struct weft__io *io, uint64_t deadline, bool block) {
     uint64_t now = weft__now_ns();
     ts = weft__timespec(deadline > now ? deadline - now : 0);
   }
-  int n = epoll_pwait2(io->epfd, evs, WEFT_IO_EVBUF, tsp, NULL);
+  int n = io->ms_waits ? epoll_wait(io->epfd, evs, WEFT_IO_EVBUF, wait_ms(tsp))
+                       : epoll_pwait2(io->epfd, evs, WEFT_IO_EVBUF, tsp, NULL);
   if (!block)
     weft__stat_add(&io->sh->st.io_enters, 1);
   unsigned k = 0;
