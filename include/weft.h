@@ -503,14 +503,17 @@ WEFT_API int weft_blocking_cancel(weft_rt *rt, weft_job job);
  * SIGTERM before starting threads, as sigwait needs) stays pending, and
  * that thread takes it from there (signalfd): either way it arrives.
  * System calls that the handler interrupts on other threads restart
- * (SA_RESTART) or return EINTR as the kernel decides; weft's own retry. */
+ * (SA_RESTART) or return EINTR as the kernel decides; weft's own retry.
+ * In a child forked from the process, each watched signal has the action
+ * it had before weft's back (the watchers are the parent's). */
 typedef struct weft_signal weft_signal;
 typedef void (*weft_signal_fn)(void *arg, int signo, uint64_t count);
 
 /* Watches signo: fn runs on strand s (NULL: a strand of the watcher's
- * own). Errors: -EINVAL (rt or fn NULL; signo not one a process can
- * catch and be told of later: SIGKILL, SIGSTOP, or a fault such as
- * SIGSEGV), -EXDEV (s of another runtime), -EBADF (s released),
+ * own). *out (may be NULL: the watcher then lasts until weft_rt_destroy)
+ * names it for weft_signal_unwatch. Errors: -EINVAL (rt or fn NULL; signo not
+ * one a process can catch and be told of later: SIGKILL, SIGSTOP, or a fault
+ * such as SIGSEGV), -EXDEV (s of another runtime), -EBADF (s released),
  * -ESHUTDOWN, -ENOMEM, -EAGAIN (weft's signal thread could not start).
  * Any thread. */
 WEFT_API int weft_signal_watch(weft_rt *rt, weft_strand *s, int signo,

@@ -73,8 +73,9 @@ static struct {
   struct sigaction old[NSIG]; /* the action before the first watch */
   sigset_t watched;
   int rfd;
+  int sfd; /* the dispatcher's signalfd, for a forked child to close */
   bool thread_up;
-} g = {.lock = PTHREAD_MUTEX_INITIALIZER, .rfd = -1};
+} g = {.lock = PTHREAD_MUTEX_INITIALIZER, .rfd = -1, .sfd = -1};
 
 static _Atomic uint64_t g_pending[NSIG];
 static _Atomic int g_wfd = -1; /* read by the handler */
@@ -147,7 +148,7 @@ static void *dispatcher(void *arg) {
     /* A watch or unwatch writes a byte, so the set is current here. */
     int fd = signalfd(sfd, &g.watched, SFD_NONBLOCK | SFD_CLOEXEC);
     if (fd >= 0) {
-      sfd = fd;
+      g.sfd = sfd = fd;
       take_pending(sfd);
     }
     for (int s = 1; s < NSIG; s++) {
@@ -169,23 +170,43 @@ static void wake_dispatcher(void) {
   }
 }
 
-/* In a forked child the dispatcher is gone and the lock may be held by a
- * thread that is not there: start afresh (the parent's watchers stay
- * listed; posts to their runtimes fail with -ECHILD). The pipe is the
- * parent's too, whose dispatcher would take the child's wake-ups: the
- * next watch makes a new one. */
+/* A fork copies the lists whole: g.lock is held across it. */
+static void forking(void) { pthread_mutex_lock(&g.lock); }
+
+static void forked_parent(void) { pthread_mutex_unlock(&g.lock); }
+
+/* In a forked child the dispatcher is gone, and the parent's watchers
+ * belong to runtimes the child cannot use (their posts fail with -ECHILD):
+ * every watched signal gets back the action it had before weft's, so that
+ * the child's SIGTERM, say, ends it again instead of being counted for
+ * nobody, and the child starts afresh (the watchers' copies are left
+ * alone: an unwatch in the child returns -ECHILD). The pipe is the
+ * parent's too, whose dispatcher would take the child's wake-ups: the next
+ * watch makes a new one. */
 static void forked_child(void) {
-  pthread_mutex_init(&g.lock, NULL);
+  for (int signo = 1; signo < NSIG; signo++)
+    weft__store(&g_pending[signo], 0, WA_RLX);
+  for (int signo = 1; signo < NSIG; signo++)
+    if (g.list[signo]) {
+      sigaction(signo, &g.old[signo], NULL);
+      g.list[signo] = NULL;
+    }
+  sigemptyset(&g.watched);
   g.thread_up = false;
   int wfd = weft__xchg(&g_wfd, -1, WA_RLX);
   if (wfd >= 0) {
     close(wfd);
     close(g.rfd);
   }
-  g.rfd = -1;
+  if (g.sfd >= 0)
+    close(g.sfd);
+  g.rfd = g.sfd = -1;
+  pthread_mutex_init(&g.lock, NULL);
 }
 
-static void atfork_register(void) { pthread_atfork(NULL, NULL, forked_child); }
+static void atfork_register(void) {
+  pthread_atfork(forking, forked_parent, forked_child);
+}
 
 /* The pipe and the dispatcher; g.lock held. */
 static int start_dispatcher(void) {
@@ -245,7 +266,7 @@ static void unlink_locked(struct weft_signal *w) {
 int weft_signal_watch(weft_rt *rt, weft_strand *s, int signo, weft_signal_fn fn,
                       void *arg, weft_signal **out) {
   static pthread_once_t once = PTHREAD_ONCE_INIT;
-  if (!rt || !fn || !out || !watchable(signo))
+  if (!rt || !fn || !watchable(signo))
     return -EINVAL;
   if (weft__forked(rt))
     return -ECHILD;
@@ -298,7 +319,8 @@ int weft_signal_watch(weft_rt *rt, weft_strand *s, int signo, weft_signal_fn fn,
     unref(w);
     return r;
   }
-  *out = w;
+  if (out)
+    *out = w;
   return 0;
 }
 

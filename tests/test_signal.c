@@ -13,12 +13,13 @@
  *    set by the test) is back; a watcher stopped on its strand gets no
  *    call afterwards.
  *  - weft_rt_destroy with a watcher left: dropped, the old action back.
- *  - A child forked while the parent watches: its own watcher gets its
- *    own signals, the parent's none of them (not under TSan or ASan).
+ *  - A child forked while the parent watches: the signal has its action
+ *    from before the watch back there; its own watcher gets its own
+ *    signals, the parent's none of them (not under TSan or ASan).
  *  - A burst to two runtimes: no overlapping call, none after unwatch, no
  *    more arrivals counted than sent (the ThreadSanitizer stress test).
  *  - Bad input: SIGKILL, SIGSEGV, 0, NSIG, NULL fn: -EINVAL; a strand of
- *    another runtime: -EXDEV.
+ *    another runtime: -EXDEV. A NULL out is allowed: watched until destroy.
  */
 #include "testutil.h"
 
@@ -191,8 +192,13 @@ static void test_fork_child(void **state) {
   fflush(NULL);
   pid_t pid = fork();
   assert_true(pid >= 0);
-  if (pid == 0)
+  if (pid == 0) {
+    /* The parent's watch is not the child's: the action from before it. */
+    struct sigaction cur;
+    if (sigaction(SIGUSR1, NULL, &cur) != 0 || cur.sa_handler != SIG_IGN)
+      _exit(9);
     _exit(child_watch());
+  }
   int status = 0;
   assert_int_equal(waitpid(pid, &status, 0), pid);
   assert_true(WIFEXITED(status));
@@ -299,6 +305,8 @@ static void test_bad_input(void **state) {
                    -EINVAL);
   assert_int_equal(weft_signal_watch(rt, s, SIGUSR1, on_sig, &r, &w), -EXDEV);
   assert_int_equal(weft_signal_unwatch(NULL), -EINVAL);
+  /* No handle: watched until the runtime is destroyed. */
+  assert_int_equal(weft_signal_watch(rt, NULL, SIGUSR1, on_sig, &r, NULL), 0);
   weft_strand_release(s);
   assert_int_equal(weft_rt_destroy(other), 0);
   assert_int_equal(weft_rt_destroy(rt), 0);
