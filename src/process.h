@@ -1,7 +1,7 @@
 /*
  * process.h, process.c - child processes (weft_spawn): a program started
- * with posix_spawn, its stdio as streams, its end watched through a pidfd
- * (an object of sock.h's kind SK_PROC).
+ * with its pidfd (spawn.c), its stdio as streams, its end watched through
+ * that pidfd (an object of sock.h's kind SK_PROC).
  */
 #ifndef WEFT_PROCESS_H
 #define WEFT_PROCESS_H
