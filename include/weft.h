@@ -95,7 +95,7 @@ typedef void (*weft_stall_fn)(const weft_stall *stall, void *ctx);
 #define WEFT_LOG_ERROR 1 /* weft could not do what it promised */
 #define WEFT_LOG_WARN 2  /* a stall; a resource ran out and weft copes */
 #define WEFT_LOG_INFO 3  /* a change of mode (backend fallback, ...) */
-#define WEFT_LOG_DEBUG 4 /* misuse a call also reports as an error code */
+#define WEFT_LOG_DEBUG 4 /* some misuse, beside the error code returned */
 
 /* Every message weft writes goes through this: msg is one line without
  * a newline, valid only during the call. Called from any of the

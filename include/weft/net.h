@@ -315,10 +315,11 @@ WEFT_API int weft_tcp_set_data(weft_tcp *c, void *data, weft_close_fn on_close);
 /* What weft_tcp_set_data gave c last (NULL before). On the strand. */
 WEFT_API void *weft_tcp_data(const weft_tcp *c);
 
-/* Timeouts of c, in nanoseconds (0: none): idle, no byte read (handed to
- * a read callback) or sent for that long; read, a read that gets nothing for
- * that long after it was made; write, queued bytes of which none could be sent
- * for that long (a peer that stopped reading). When one passes, c closes by
+/* Timeouts of c, in nanoseconds (0: none): idle, no byte received (by a
+ * read, or by weft_tcp_read_until while it gathers its delimiter) or sent for
+ * that long; read, a read that gets nothing for that long after it was made;
+ * write, queued bytes of which none could be sent for that long (a peer that
+ * stopped reading). When one passes, c closes by
  * itself: operations in flight complete with -ETIMEDOUT (instead of
  * -ECANCELED), then the close callback runs. A deadline is kept by the
  * shard's timer wheel: c is closed when its timer fires, as late as a
