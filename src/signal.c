@@ -140,8 +140,10 @@ static void *dispatcher(void *arg) {
   for (;;) {
     struct pollfd p[2] = {{.fd = g.rfd, .events = POLLIN},
                           {.fd = sfd, .events = POLLIN}};
+    /* poll fails only for want of kernel memory (ENOMEM) or EINTR: the
+     * thread stays, as the watchers depend on it, and looks again. */
     if (poll(p, sfd >= 0 ? 2 : 1, -1) < 0 && errno != EINTR)
-      return NULL;
+      poll(NULL, 0, 10);
     while (read(g.rfd, buf, sizeof(buf)) > 0) {
     }
     pthread_mutex_lock(&g.lock);
@@ -160,6 +162,7 @@ static void *dispatcher(void *arg) {
     }
     pthread_mutex_unlock(&g.lock);
   }
+  return NULL;
 }
 
 static void wake_dispatcher(void) {
