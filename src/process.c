@@ -124,9 +124,11 @@ static void poll_submit(struct weft_process *p) {
 static void unkillable(struct weft_process *p, int err) {
   if (reap(p, false))
     return; /* it ended meanwhile */
+  /* Read first: with no poll in the ring, ended() frees p. */
+  struct weft__io *io = p->polling ? p->poll_io : NULL;
   ended(p, NULL, err);
-  if (p->polling)
-    weft__io_cancel_sync(p->poll_io, &p->s.ioh, WEFT_OP_POLL, 1000000);
+  if (io)
+    weft__io_cancel_sync(io, &p->s.ioh, WEFT_OP_POLL, 1000000);
 }
 
 void weft__proc_run(struct weft__sock *s, uint32_t bits) {
@@ -262,13 +264,12 @@ static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
 }
 
 /* A spawned child that weft will not watch: killed and reaped, through
- * its pidfd, which is then closed. */
+ * its pidfd (never by pid: see spawn.c); the caller closes the pidfd. */
 static void abandon(int pidfd) {
   siginfo_t si;
   pidfd_signal(pidfd, SIGKILL);
   while (waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED) < 0 && errno == EINTR)
     ;
-  close(pidfd);
 }
 
 int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
@@ -287,6 +288,7 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
   struct weft__sock *sk = NULL;
   if ((r = weft__sock_new(&sk, rt, SK_PROC, pfd, s, proc_done))) {
     abandon(pfd);
+    close(pfd);
     fds_close(&f);
     return r;
   }
@@ -316,9 +318,9 @@ int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
         weft_tcp_close(streams[i], 1);
         streams[i] = NULL;
       }
-    abandon(pid);
+    abandon(pfd);
     fds_close(&f);
-    weft__sock_discard(sk);
+    weft__sock_discard(sk); /* closes the pidfd */
     return r;
   }
   return 0;
