@@ -55,12 +55,17 @@ bool weft__unix_is_path(const struct sockaddr_storage *addr, unsigned len) {
 }
 
 /* The path of addr as a C string, in buf (sun_path need not hold a NUL
- * when the address fills it). */
+ * when the address fills it). len may count one byte past sun_path: for
+ * a path of all 108 bytes, getsockname reports the length with the NUL
+ * the kernel adds after it (into the sockaddr_storage). */
 static const char *
 path_of(const struct sockaddr_storage *addr, unsigned len,
         char buf[sizeof(((struct sockaddr_un *)0)->sun_path) + 1]) {
   const struct sockaddr_un *u = (const struct sockaddr_un *)addr;
   size_t n = len - PATH_OFF;
+  if (n > sizeof(u->sun_path))
+    n = sizeof(u->sun_path);
+  n = strnlen(u->sun_path, n);
   memcpy(buf, u->sun_path, n);
   buf[n] = '\0';
   return buf;

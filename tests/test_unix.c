@@ -10,7 +10,8 @@
  *  - Abstract and autobound names: a plain client reaches a listener on
  *    "@name" and one on an address the kernel named; no file is made.
  *  - Socket files: a stale one (bound, never listened on, its socket
- *    closed) is replaced; a live listener's file gives -EADDRINUSE and
+ *    closed) is replaced; one whose path fills sun_path (no NUL) is removed
+ *    by the close; a live listener's file gives -EADDRINUSE and
  *    keeps serving; a regular file gives -EADDRINUSE and is left alone; a
  *    missing directory gives -ENOENT; a file replaced after the bind is
  *    not removed by the close.
@@ -366,6 +367,23 @@ static void test_socket_files(void **state) {
   plain_ping(&a, (unsigned)len);
   tu_listener_close(l);
   assert_false(file_exists(path));
+
+  /* A path of all 108 bytes of sun_path, with no NUL: its close removes
+   * its file (the length getsockname gives counts a byte past sun_path). */
+  {
+    struct sockaddr_un full = {.sun_family = AF_UNIX};
+    char p[sizeof(full.sun_path) + 1];
+    int n = snprintf(p, sizeof p, "%s/", g_dir);
+    memset(p + n, 'f', sizeof(full.sun_path) - (size_t)n);
+    p[sizeof(full.sun_path)] = '\0';
+    memcpy(full.sun_path, p, sizeof(full.sun_path));
+    tu_assert_rc(weft_tcp_listen(rt, (struct sockaddr *)&full, sizeof(full),
+                                 NULL, srv_accept, &sv, &l),
+                 0);
+    assert_true(file_exists(p));
+    tu_listener_close(l);
+    assert_false(file_exists(p));
+  }
 
   /* Live (a plain listener): -EADDRINUSE, and it keeps listening. */
   path_in_dir(path, sizeof path, "live.sock");
