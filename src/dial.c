@@ -66,7 +66,17 @@ static void finish(struct weft_dial *d, weft_tcp *conn, int status) {
   pthread_mutex_lock(&d->lock);
   d->stage = D_DONE;
   d->conn = NULL;
+  bool cancelled = d->cancelled;
   pthread_mutex_unlock(&d->lock);
+  /* A cancel that returned 0 (it came before D_DONE, maybe after the
+   * caller's own look at the flag) promised fn -ECANCELED: a connection
+   * that got through is closed. */
+  if (cancelled && status != -ECANCELED) {
+    if (conn)
+      weft_tcp_close(conn, 0);
+    conn = NULL;
+    status = -ECANCELED;
+  }
   weft__calling((void *)d->fn);
   d->fn(d->arg, conn, status);
   if (d->own_strand && !d->opened)
