@@ -18,10 +18,9 @@
  * waiting it ends its strand's turn (weft__sock_yield) and goes on after
  * the shard's other strands.
  *
- * The send queue is a FIFO of entries over one byte arena, bump-allocated
- * and reset whenever the queue empties: weft_udp_send copies into it, so
- * the caller's buffer is free at once, and the queue's bound in bytes is
- * its memory.
+ * The send queue is a FIFO of entries over one byte arena used as a ring
+ * (arena_place): weft_udp_send copies into it, so the caller's buffer is
+ * free at once, and the queue's bound in bytes is its memory.
  *
  * Under simulation (sim.h) a socket is a port of the simulated host, a
  * Unix datagram socket bound to the port's name: addresses are mapped at
@@ -86,11 +85,16 @@ struct udp {
   int family;
   unsigned maxdg;
   struct rbatch *rb;
+  /* rb's datagrams [rb_next, rb_count) are read but not yet delivered: a
+   * receive callback stopped receiving; they go first when it restarts */
+  unsigned rb_next, rb_count;
   /* send queue: entries [head, tail) of a ring of QUEUE_ENTRIES */
   struct sq_ent *sq;
   unsigned head, tail;
   char *arena;
-  size_t arena_cap, arena_used;
+  size_t arena_cap;
+  size_t a_lo, a_hi; /* the arena's ring of queued bytes (arena_place) */
+  bool a_wrap;
   struct msghdr wmsg; /* uring: the ring's send of the head */
   struct iovec wiov;
   int32_t wres;
@@ -110,11 +114,41 @@ static unsigned queued(const struct udp *u) { return u->tail - u->head; }
 /* ---- sending ---------------------------------------------------------------
  */
 
+/* Where a datagram of len bytes goes in the arena, or SIZE_MAX: none
+ * fits. The queued datagrams' bytes form a ring, each contiguous, from
+ * the head's (a_lo) to a_hi; one that does not fit before the arena's end
+ * starts over at 0 when the head's bytes leave room there (a_wrap: the
+ * queued bytes run [a_lo, end) then [0, a_hi)). An empty queue starts
+ * over at 0. */
+static size_t arena_place(struct udp *u, size_t len) {
+  if (!queued(u)) {
+    u->a_lo = u->a_hi = 0;
+    u->a_wrap = false;
+  }
+  size_t at;
+  if (!u->a_wrap && u->a_hi + len <= u->arena_cap) {
+    at = u->a_hi;
+  } else if (!u->a_wrap && len <= u->a_lo) {
+    u->a_wrap = true;
+    at = 0;
+  } else if (u->a_wrap && u->a_hi + len <= u->a_lo) {
+    at = u->a_hi;
+  } else {
+    return SIZE_MAX;
+  }
+  u->a_hi = at + len;
+  return at;
+}
+
 static void send_complete(struct udp *u, int status) {
   struct sq_ent *e = &u->sq[u->head % QUEUE_ENTRIES];
   u->head++;
-  if (u->head == u->tail)
-    u->arena_used = 0; /* empty: the arena starts over */
+  if (u->head != u->tail) { /* the new head's bytes start the ring */
+    uint32_t lo = u->sq[u->head % QUEUE_ENTRIES].off;
+    if (u->a_wrap && lo < u->a_lo)
+      u->a_wrap = false; /* the part before the end is all sent */
+    u->a_lo = lo;
+  }
   if (e->fn) {
     weft__calling((void *)e->fn);
     e->fn(e->arg, (weft_udp *)u, status);
@@ -259,13 +293,23 @@ static void deliver(struct udp *u, unsigned i) {
          fromlen, flags);
 }
 
+/* A close asked for (from a receive callback too) stops deliveries at
+ * once, as a stop does. */
 static bool recv_wanted(const struct udp *u) {
-  return u->s.state == ST_OPEN && u->receiving;
+  return u->s.state == ST_OPEN && u->receiving &&
+         !weft__load(&u->close_req, WA_RLX);
+}
+
+/* Delivers what rb holds from rb_next on, while receiving is wanted. */
+static void deliver_held(struct udp *u) {
+  while (u->rb_next < u->rb_count && recv_wanted(u))
+    deliver(u, u->rb_next++);
 }
 
 static void recv_batches(struct udp *u) {
   unsigned budget = RECV_BUDGET;
   struct rbatch *rb = u->rb;
+  deliver_held(u);
   while (recv_wanted(u) && u->readable && budget) {
     unsigned n = budget < BATCH ? budget : BATCH;
     for (unsigned i = 0; i < n; i++) {
@@ -292,8 +336,9 @@ static void recv_batches(struct udp *u) {
       continue;
     }
     budget -= (unsigned)r < budget ? (unsigned)r : budget;
-    for (int i = 0; i < r && recv_wanted(u); i++)
-      deliver(u, (unsigned)i);
+    u->rb_next = 0;
+    u->rb_count = (unsigned)r;
+    deliver_held(u);
   }
   if (!recv_wanted(u))
     return;
@@ -584,10 +629,11 @@ int weft_udp_send(weft_udp *wu, const void *buf, size_t len,
     return r;
   if (!to && !u->connected)
     return -EDESTADDRREQ;
-  if (queued(u) == QUEUE_ENTRIES || u->arena_used + len > u->arena_cap)
+  size_t at;
+  if (queued(u) == QUEUE_ENTRIES || (at = arena_place(u, len)) == SIZE_MAX)
     return -ENOBUFS;
   struct sq_ent *e = &u->sq[u->tail % QUEUE_ENTRIES];
-  e->off = (uint32_t)u->arena_used;
+  e->off = (uint32_t)at;
   e->len = (uint32_t)len;
   e->tolen = to ? tolen : 0;
   if (to)
@@ -595,8 +641,7 @@ int weft_udp_send(weft_udp *wu, const void *buf, size_t len,
   e->fn = fn;
   e->arg = arg;
   if (len)
-    memcpy(u->arena + u->arena_used, buf, len);
-  u->arena_used += len;
+    memcpy(u->arena + at, buf, len);
   u->tail++;
   /* Sent at the end of this turn: by the run that is going on (a receive
    * callback's reply), or by a kick. */

@@ -23,6 +23,12 @@
  *    Skipped where the join is refused.
  *  - Close with sends queued: each send callback runs once with
  *    -ECANCELED, then the close callback once.
+ *  - A receive callback that stops receiving at the first of ten waiting
+ *    datagrams: no more calls until a restart, which delivers the other
+ *    nine, in order.
+ *  - The send queue's bytes are reused as it moves: a sender that keeps
+ *    two datagrams queued sends 60 times the queue's size, every datagram
+ *    intact and in order.
  *  - Bad input: every documented error of the UDP section; a shutdown
  *    with sockets open runs each close callback exactly once.
  */
@@ -594,6 +600,133 @@ static void test_close_queued(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* A receive callback that stops receiving at the first datagram of a
+ * batch: the rest of the batch waits, and a restart delivers it first,
+ * in order, none lost. */
+static void on_recv_stop_first(void *arg, weft_udp *u, long n, const void *data,
+                               const struct sockaddr *from, unsigned fromlen,
+                               unsigned flags) {
+  sock *s = arg;
+  on_recv(arg, u, n, data, from, fromlen, flags);
+  if (s->got == 1)
+    TU_CHECK_RC(weft_udp_recv_stop(u), 0);
+}
+
+static void recv_start_stopping(void *arg) {
+  sock *s = arg;
+  TU_CHECK_RC(weft_udp_recv_start(s->u, on_recv_stop_first, s), 0);
+}
+
+static void test_stop_in_callback(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  weft_rt *rt = rt_make(NWORKERS);
+  sock s;
+  sock_open(&s, rt, NULL, AF_INET, NULL);
+  struct sockaddr_storage from;
+  int fd = plain_udp(AF_INET, &from);
+  for (unsigned char i = 0; i < 10; i++) /* all wait: one batch */
+    assert_int_equal(
+        sendto(fd, &i, 1, 0, (struct sockaddr *)&s.bound, addr_len(&s.bound)),
+        1);
+  tu_on_strand(weft_udp_strand(s.u), recv_start_stopping, &s);
+  tu_event_wait(&s.got_ev, 1, "the first datagram");
+  tu_sleep_ms(50);
+  assert_int_equal(tu_event_get(&s.got_ev), 1); /* stopped */
+  tu_on_strand(weft_udp_strand(s.u), sock_recv_start, &s);
+  tu_event_wait(&s.got_ev, 10, "the other nine");
+  for (unsigned i = 0; i < 10; i++)
+    assert_int_equal(s.first[i], i);
+  close(fd);
+  tu_assert_rc(weft_udp_close(s.u), 0);
+  tu_event_wait(&s.closed, 1, "the close callback");
+  rt_end(rt);
+  sock_fini(&s);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+/* A sender that keeps two datagrams queued, each callback queueing the
+ * next, through a queue of 2048 bytes: the queue's bytes are reused as it
+ * moves, so all ROLL_N datagrams of ROLL_LEN bytes leave, intact, though
+ * together they are 60 times the queue. */
+#define ROLL_N 200u
+#define ROLL_LEN 600u
+
+typedef struct roll {
+  weft_udp *u;
+  struct sockaddr_storage to;
+  unsigned queued, done;
+  int err;
+  tu_event all_sent;
+} roll;
+
+static void roll_sent(void *arg, weft_udp *u, int status);
+
+static void roll_one(roll *r) {
+  unsigned char b[ROLL_LEN];
+  memset(b, (int)(r->queued & 0xff), sizeof b);
+  memcpy(b, &r->queued, sizeof r->queued);
+  int rc = weft_udp_send(r->u, b, sizeof b, (struct sockaddr *)&r->to,
+                         addr_len(&r->to), roll_sent, r);
+  if (rc && !r->err)
+    r->err = rc;
+  r->queued += rc == 0;
+}
+
+static void roll_sent(void *arg, weft_udp *u, int status) {
+  roll *r = arg;
+  (void)u;
+  if (status && !r->err)
+    r->err = status;
+  if (++r->done == ROLL_N || r->err) {
+    tu_event_add(&r->all_sent, 1);
+    return;
+  }
+  if (r->queued < ROLL_N)
+    roll_one(r);
+}
+
+static void roll_start(void *arg) {
+  roll_one(arg);
+  roll_one(arg);
+}
+
+static void test_send_queue_reuse(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  weft_rt *rt = rt_make(NWORKERS);
+  weft_udp_opts o = {.send_queue = 2048};
+  sock s;
+  sock_open(&s, rt, NULL, AF_INET, &o);
+  roll r = {.u = s.u};
+  tu_event_init(&r.all_sent);
+  int fd = plain_udp(AF_INET, &r.to);
+  int big = 1 << 20;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  tu_on_strand(weft_udp_strand(s.u), roll_start, &r);
+  for (unsigned i = 0; i < ROLL_N; i++) {
+    unsigned char b[ROLL_LEN + 1], want[ROLL_LEN];
+    ssize_t n = recv(fd, b, sizeof b, 0);
+    assert_int_equal(n, ROLL_LEN);
+    unsigned seq;
+    memcpy(&seq, b, sizeof seq);
+    assert_int_equal(seq, i);
+    memset(want, (int)(i & 0xff), sizeof want);
+    memcpy(want, &seq, sizeof seq);
+    assert_memory_equal(b, want, ROLL_LEN);
+  }
+  tu_event_wait(&r.all_sent, 1, "every send callback");
+  assert_int_equal(r.err, 0);
+  assert_int_equal(r.done, ROLL_N);
+  close(fd);
+  tu_assert_rc(weft_udp_close(s.u), 0);
+  tu_event_wait(&s.closed, 1, "the close callback");
+  rt_end(rt);
+  tu_event_destroy(&r.all_sent);
+  sock_fini(&s);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 typedef struct bad_ctx {
   sock *s4, *s6;
 } bad_ctx;
@@ -699,11 +832,18 @@ static void test_bad_input(void **state) {
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_echo),         cmocka_unit_test(test_pair_v4),
-      cmocka_unit_test(test_pair_v6),      cmocka_unit_test(test_truncation),
-      cmocka_unit_test(test_connected),    cmocka_unit_test(test_refused_send),
-      cmocka_unit_test(test_fairness),     cmocka_unit_test(test_multicast),
-      cmocka_unit_test(test_close_queued), cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_echo),
+      cmocka_unit_test(test_pair_v4),
+      cmocka_unit_test(test_pair_v6),
+      cmocka_unit_test(test_truncation),
+      cmocka_unit_test(test_connected),
+      cmocka_unit_test(test_refused_send),
+      cmocka_unit_test(test_fairness),
+      cmocka_unit_test(test_multicast),
+      cmocka_unit_test(test_close_queued),
+      cmocka_unit_test(test_send_queue_reuse),
+      cmocka_unit_test(test_stop_in_callback),
+      cmocka_unit_test(test_bad_input),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -425,8 +425,9 @@ WEFT_API int weft_tcp_take_fd(weft_tcp *c);
  * Sending: weft_udp_send copies the datagram, so its buffer may be reused
  * at once; datagrams queued in one turn of the strand leave together
  * (sendmmsg) at its end, in order. The queue holds at most send_queue
- * bytes (-ENOBUFS beyond); it fills only while the socket's send buffer
- * is full.
+ * bytes, each datagram's in one piece (-ENOBUFS beyond: when it has less
+ * than the datagram's length left in one piece, or 1024 datagrams); it
+ * fills only while the socket's send buffer is full.
  *
  * Lifetime, as a TCP connection's: the close callback (weft_udp_set_data)
  * runs exactly once, last, whatever closes the socket (weft_udp_close,
@@ -476,8 +477,10 @@ WEFT_API int weft_udp_open(weft_rt *rt, weft_strand *s,
 /* Calls fn for each datagram from now on (replacing an earlier fn).
  * Errors: -EINVAL, -EPERM, -EBADF (closing). */
 WEFT_API int weft_udp_recv_start(weft_udp *u, weft_udp_recv_fn fn, void *arg);
-/* No call of the receive callback starts after this returns (datagrams
- * wait in the socket's buffer). Errors: -EINVAL, -EPERM. */
+/* No call of the receive callback starts after this returns. Datagrams
+ * wait in the socket's buffer, and those already read with the one whose
+ * callback stopped receiving wait in weft's: none is lost, and a restart
+ * delivers them first, in order. Errors: -EINVAL, -EPERM. */
 WEFT_API int weft_udp_recv_stop(weft_udp *u);
 
 /* Sends len bytes (0..65507 for IPv4, 65527 for IPv6) to `to` (NULL on a
