@@ -209,10 +209,10 @@ int weft_resolve_cancel(weft_lookup *r) {
   weft__fetch_add(&r->refs, 1, WA_SC);
   uint32_t pending = R_PENDING;
   int ret = 0;
+  weft_job job = 0;
   if (weft__cas(&r->state, &pending, R_CANCELLED, WA_SC, WA_SC)) {
-    /* fn is ours to call. A queued job leaves the pool now rather than
-     * run for nobody (its done still comes, with -ECANCELED). */
-    weft__blocking_cancel_in(rt, rt->resolver, r->job);
+    /* fn is ours to call. */
+    job = r->job; /* read while our reference keeps r */
     struct weft__node *n;
     while (!(n = weft__node_new(rt, local, cancelled, cancelled, r))) {
       struct timespec ts = {0, 1000000};
@@ -223,8 +223,15 @@ int weft_resolve_cancel(weft_lookup *r) {
     req_unref(r);
     ret = -EALREADY;
   }
+  /* After local's use ends: the cancel's delivery brackets the shard on
+   * its own, and the monitor may hand it on between its end and ours. A
+   * queued job leaves the pool now rather than run for nobody (its done
+   * still comes, with -ECANCELED). The runtime cannot finish meanwhile:
+   * inside a handler by construction, outside by the busy count. */
+  weft__local_end(local);
+  if (job)
+    weft__blocking_cancel_in(rt, rt->resolver, job);
   if (!local)
     weft__busy_drop(rt, 1);
-  weft__local_end(local);
   return ret;
 }
