@@ -77,6 +77,28 @@ static void deliver(void *arg) {
 /* ---- the ring --------------------------------------------------------------
  */
 
+static bool ring_submit(struct fsreq *q);
+static void pool_done(void *arg, long result);
+static long pool_work(void *arg);
+
+/* On the caller's strand: the operation again, through this thread's ring
+ * or the pool (ring_done); an error to submit it is its result. */
+static void again(void *arg) {
+  struct fsreq *q = arg;
+  if (ring_submit(q))
+    return;
+  int r = weft__blocking_submit(q->rt, q->rt->blocking, pool_work, q, q->strand,
+                                pool_done, NULL);
+  if (r) {
+    q->result = r;
+    deliver(q);
+  }
+}
+
+/* -ECANCELED is never weft's (no file operation is cancelled): the kernel
+ * ended the request with the thread that submitted it, a spare that
+ * retired after a handoff (io_uring.c), so it goes again rather than
+ * report a cancel nobody asked for. */
 static void ring_done(struct weft__ioh *h, struct weft__shard *local,
                       unsigned op, const struct weft__cqe *c) {
   struct fsreq *q = (struct fsreq *)h;
@@ -85,10 +107,11 @@ static void ring_done(struct weft__ioh *h, struct weft__shard *local,
   q->result = c->res;
   if (q->op.kind == WEFT_FOP_STATX && c->res == 0)
     from_statx(q->st, &q->stx);
+  bool lost = c->res == -ECANCELED;
   struct weft__node *n;
-  /* Its own cancel: the result is reported even at a CANCEL shutdown.
-   * Out of memory: retry, never lose it. */
-  while (!(n = weft__node_new(rt, local, deliver, deliver, q))) {
+  /* Its own cancel: the result (-ECANCELED, if lost) is reported even at a
+   * CANCEL shutdown. Out of memory: retry, never lose it. */
+  while (!(n = weft__node_new(rt, local, lost ? again : deliver, deliver, q))) {
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
   }
