@@ -167,7 +167,8 @@ typedef struct weft_config {
    * 0: 2 * workers + 4. At least workers. */
   unsigned max_threads;
   /* weft_blocking: most pool threads (0: 4 per CPU the process may run
-   * on, at most 64) and most jobs waiting for a thread (0: 1024). */
+   * on, at most 64) and most jobs waiting for a thread (0: 1024); the two
+   * together under 2^20 (1048576). */
   unsigned blocking_threads;
   unsigned blocking_queue;
   /* Stall reports: NULL logs one line (WEFT_LOG_WARN) naming the handler,
@@ -214,8 +215,8 @@ typedef struct weft_config {
   void *log_ctx;
   int log_level;
   /* weft_resolve: most lookups running at once, each on a thread of a
-   * pool of its own, apart from weft_blocking's (0: 8). Lookups beyond it
-   * wait (up to 1024 of them). */
+   * pool of its own, apart from weft_blocking's (0: 8; under 2^20 - 1024).
+   * Lookups beyond it wait (up to 1024 of them). */
   unsigned resolve_threads;
   /* The flight recorder (weft_rt_trace_dump): bytes of recent events each
    * thread of the runtime's shards keeps in a ring of its own, 32 bytes an

@@ -71,7 +71,8 @@ struct weft__blocking {
 
 static int pool_new(struct weft__blocking **out, unsigned max_threads,
                     unsigned queue_max) {
-  if (queue_max + max_threads >= (1u << SLOT_BITS))
+  /* Each in 64 bits: the sum of two unsigned may wrap in 32. */
+  if ((uint64_t)queue_max + max_threads >= (1u << SLOT_BITS))
     return -EINVAL;
   struct weft__blocking *b = calloc(1, sizeof(*b));
   if (!b)

@@ -60,6 +60,20 @@ static void test_rt_create_bad(void **state) {
                cases[i].what, rc, weft_strerror(rc), cases[i].want);
   }
 
+  /* Pool sizes whose sum wraps in 32 bits are still too large. */
+  weft_config_init(&cfg);
+  cfg.workers = 1;
+  cfg.blocking_threads = 0xFFFFFC00u;
+  cfg.blocking_queue = 1024;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), -EINVAL);
+  cfg.blocking_threads = 1;
+  cfg.blocking_queue = UINT_MAX;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), -EINVAL);
+  weft_config_init(&cfg);
+  cfg.workers = 1;
+  cfg.resolve_threads = UINT_MAX;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), -EINVAL);
+
   /* The largest accepted batch, and 1 worker, are accepted. */
   weft_config_init(&cfg);
   cfg.workers = 1;
