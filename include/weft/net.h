@@ -154,8 +154,11 @@ WEFT_API int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr,
  * left there by a listener that is gone (a socket nobody listens on) is
  * replaced, while a live listener or a file that is not a socket gives
  * -EADDRINUSE; the listener removes its file when it closes (unless
- * another was bound there since). Two processes that bind the same stale
- * path at the same moment may both replace it: serialize such starts. An
+ * another was bound there since). Whether a listener is live is found by
+ * connecting to it: a live one sees a connection that closes at once. A
+ * socket bound there but not yet listening counts as gone. Two processes
+ * that bind the same stale path at the same moment may both replace it:
+ * serialize such starts. An
  * abstract name (weft_unix_addr's "@name") has no file; an address of the
  * family alone (addrlen sizeof(sa_family_t)) has the kernel pick an
  * abstract name, which weft_listener_addr tells. */
