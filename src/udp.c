@@ -394,7 +394,10 @@ void weft__udp_run(struct weft__sock *s, uint32_t bits) {
   if (bits & EV_WDONE) {
     u->ring_send = false;
     u->writable = s->state == ST_OPEN;
-    send_complete(u, u->wres < 0 ? u->wres : 0); /* sent, even if closing */
+    /* Sent (0) even if closing; -EPIPE while closing is the close's
+     * shutdown ending a send that waited for room: not sent, cancelled. */
+    int st = u->wres < 0 ? u->wres : 0;
+    send_complete(u, st == -EPIPE && s->state != ST_OPEN ? -ECANCELED : st);
   }
   if (bits & EV_IN)
     u->readable = true;
