@@ -105,7 +105,7 @@ static bool attempt_next(struct weft_dial *d) {
     pthread_mutex_unlock(&d->lock);
     if (!r)
       return true;
-    d->err = r;
+    d->err = r == -ESHUTDOWN ? -ECANCELED : r; /* a shutdown cancels it */
     if (r == -ECANCELED || r == -ESHUTDOWN)
       return false;
   }

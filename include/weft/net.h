@@ -202,7 +202,8 @@ WEFT_API int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
  * becomes the connection's): with status 0 and the connection (as
  * weft_tcp_connect's callback: set its data and close callback there), or
  * with conn NULL and the last attempt's error (-ECONNREFUSED,
- * -ETIMEDOUT, ...), the lookup's (WEFT_EAI_*), or -ECANCELED. The failed
+ * -ETIMEDOUT, ...), the lookup's (WEFT_EAI_*), or -ECANCELED (cancelled,
+ * or a shutdown of the runtime came before the next attempt). The failed
  * attempts' connections close by themselves. *out (may be NULL) names the
  * dial until fn has been called. Errors (fn will not be called): as
  * weft_resolve, and -EINVAL (host or service NULL). Any thread. */
