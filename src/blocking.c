@@ -287,10 +287,17 @@ int weft__blocking_submit(weft_rt *rt, struct weft__blocking *b,
   if (r)
     return r;
   pthread_mutex_lock(&b->lock);
-  if (b->queued >= b->queue_max || !b->free) {
+  /* A CANCEL shutdown's sweep of the queue (pool_shutdown) came between
+   * the busy check and the lock: refused, as it would have been a moment
+   * later, rather than queued behind the sweep to run after all. */
+  if (b->stopping && weft__load(&rt->life.cancelling, WA_ACQ))
+    r = -ESHUTDOWN;
+  else if (b->queued >= b->queue_max || !b->free)
+    r = -EAGAIN;
+  if (r) {
     pthread_mutex_unlock(&b->lock);
     weft__busy_drop(rt, 1);
-    return -EAGAIN;
+    return r;
   }
   struct job *j = b->free;
   b->free = j->next;
