@@ -544,8 +544,16 @@ static bool settle(struct firing *f, bool cancel, bool *free_it,
   uint64_t now = f->period && !cancel ? weft__now_ns() : 0;
   weft__lock(&home->tm.lock);
   t->inflight--;
-  if (t->state == WEFT_T_FIRED && t->firing == f)
+  bool latest = t->state == WEFT_T_FIRED && t->firing == f;
+  if (latest)
     t->firing = NULL;
+  /* A shutdown's cancel run of the arming's latest firing told its
+   * handler of the shutdown: the arming is over, even
+   * with older, stale firings still queued, which a timer without a
+   * strand may run after this one. Left FIRED, the last of them would
+   * settle a periodic timer below and tell it a second time. */
+  if (cancel && latest)
+    t->state = WEFT_T_IDLE;
   /* Only the last firing under way re-arms, and only while the arming
    * that fired is still the timer's (FIRED): one that settles while a
    * newer firing (of a restart) is still queued would re-arm the newer

@@ -23,6 +23,9 @@
  *    returns -ESHUTDOWN; the counts are complete when weft_rt_shutdown
  *    returns; afterwards weft_timer_start -> -ESHUTDOWN, weft_timer_create
  *    -> -ESHUTDOWN, weft_timer_cancel -> -EALREADY (nothing is armed).
+ * A periodic timer without strand restarted while its firing is queued,
+ * then a DRAIN shutdown: -ECANCELED once, though the stale firing settles
+ * after the shutdown's cancel firing.
  * Then: timers started by a foreign thread while another thread shuts the
  * runtime down: each start that returned 0 gets exactly one call (status 0
  * or -ECANCELED), each that failed (-ESHUTDOWN) none. Half of these timers
@@ -270,6 +273,59 @@ static void test_shutdown_cancel(void **state) {
   run_shutdown(WEFT_SHUTDOWN_CANCEL);
 }
 
+/* ------------------------- a stale firing settling after the last call */
+
+/* A periodic timer without strand fires at once (its firing queued on the
+ * runtime), is restarted far ahead (that firing now stale, still queued
+ * behind the busy handler), and the runtime is shut down (DRAIN): the
+ * shutdown's cancel firing may run before the stale one, on the other
+ * worker. Its handler gets -ECANCELED exactly once, the stale firing's
+ * settle adding no second "last call". */
+static weft_timer *g_late_t;
+static atomic_int g_late_ok, g_late_cancel, g_late_ready;
+
+static void late_fn(void *arg, int status, uint64_t missed) {
+  (void)arg;
+  (void)missed;
+  atomic_fetch_add(status == -ECANCELED ? &g_late_cancel : &g_late_ok, 1);
+}
+
+static void late_restart(void *arg) {
+  (void)arg;
+  TU_CHECK_RC(weft_timer_start_at(g_late_t, 1, 1000000000, late_fn, NULL), 0);
+  TU_CHECK_RC(
+      weft_timer_start(g_late_t, 10000000000ull, 1000000000, late_fn, NULL), 0);
+  atomic_store(&g_late_ready, 1);
+  /* Busy until the cancel firing has run and settled. */
+  uint64_t end = tu_deadline_ns(TU_WAIT_S);
+  while (!atomic_load(&g_late_cancel) && tu_now_ns() < end) {
+  }
+  end = tu_now_ns() + 20000000;
+  while (tu_now_ns() < end) {
+  }
+}
+
+static void test_stale_after_last_call(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  weft_config c;
+  weft_config_init(&c);
+  c.workers = 2;
+  c.flags = WEFT_CONFIG_NO_MONITOR;
+  weft_rt *rt;
+  tu_assert_rc(weft_rt_create(&rt, &c), 0);
+  tu_assert_rc(weft_timer_create(rt, NULL, &g_late_t), 0);
+  tu_assert_rc(weft_post_rt(rt, late_restart, NULL), 0);
+  while (!atomic_load(&g_late_ready))
+    tu_sleep_ms(1);
+  tu_sleep_ms(1);
+  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  assert_int_equal(atomic_load(&g_late_cancel), 1);
+  assert_int_equal(atomic_load(&g_late_ok), 0);
+  tu_assert_rc(weft_rt_destroy(rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 /* ----------------------------------------- starts racing the shutdown */
 
 #define RACE_THREADS 4
@@ -400,6 +456,7 @@ int main(void) {
       cmocka_unit_test(test_shutdown_drain),
       cmocka_unit_test(test_shutdown_cancel),
       cmocka_unit_test(test_start_racing_shutdown),
+      cmocka_unit_test(test_stale_after_last_call),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
