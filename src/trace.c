@@ -398,6 +398,10 @@ void weft__trace_stall_dump(weft_rt *rt) {
   int err = fd < 0 ? -errno : dump(tr, rt->nshards, fd);
   if (fd >= 0 && close(fd) != 0 && !err)
     err = -errno;
+  /* A dump cut short (a full disk) would mislead, and keep the space the
+   * next one needs: the file made here goes. */
+  if (err && fd >= 0)
+    unlink(path);
   if (err)
     weft__log(rt, WEFT_LOG_ERROR, "stall: could not write %s: %s", path,
               weft_strerror(err));
