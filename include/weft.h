@@ -394,7 +394,9 @@ WEFT_API weft_rt *weft_rt_current(void);
  *   status 0:             the timer fired; missed is the number of whole
  *                         periods that passed unfired before this firing (a
  *                         periodic timer whose handler or strand was held
- *                         up skips them instead of firing them in a burst);
+ *                         up skips them instead of firing them in a burst;
+ *                         the count stops at 4294967295, which a period of
+ *                         a nanosecond passes in 4.3 s);
  *   status -ECANCELED:    the runtime is shutting down and the timer was
  *                         armed, or a firing was queued at a CANCEL
  *                         shutdown; missed is 0. It is the timer's last call.
