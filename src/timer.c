@@ -431,6 +431,8 @@ static int start_locked(weft_timer *t, struct weft__shard *home,
   t->missed = 0;
   if (tick_ceil(deadline_ns) <= home->tm.wheel.elapsed) {
     fire_locked(t, home, local, false, now);
+    if (t->state == WEFT_T_ARMED) /* out of memory: re-armed, 1 ms on */
+      lower_next(home, t);
   } else {
     t->state = WEFT_T_ARMED;
     wheel_insert(&home->tm.wheel, t);
