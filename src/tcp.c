@@ -208,7 +208,9 @@ static void close_begin(struct weft__conn *c) {
     return;
   bool connecting = c->s.state == ST_CONNECTING; /* cn is the request */
   c->s.state = ST_CLOSING;
-  if (c->user_closed && weft__load(&c->close_req, WA_RLX) & CLOSE_ABORT) {
+  /* Abortive as asked, whichever step begins the close (a shutdown's may
+   * come before the user's EV_CLOSE). */
+  if (weft__load(&c->close_req, WA_RLX) & CLOSE_ABORT) {
     struct linger lg = {.l_onoff = 1, .l_linger = 0};
     setsockopt(c->s.fd, SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
   }

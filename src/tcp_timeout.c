@@ -46,8 +46,12 @@ static void fire(void *arg, int status, uint64_t missed) {
   struct weft__conn *c = arg;
   (void)missed;
   struct weft__tmo *t = weft__tcp_tmo(c);
-  if (status || !t || c->s.state != ST_OPEN)
-    return; /* a shutdown, or closing anyway */
+  /* A shutdown, closing anyway, or a close asked for whose EV_CLOSE is
+   * still on its way: that close, abortive or not, and its -ECANCELED
+   * are the user's, not this timeout's. */
+  if (status || !t || c->s.state != ST_OPEN ||
+      weft__load(&c->close_req, WA_RLX))
+    return;
   t->armed_at = UINT64_MAX;
   uint64_t d = next_deadline(c);
   if (d <= weft__now_ns()) {

@@ -20,6 +20,9 @@
  *  - settings turned off (all 0) after idle 20 ms: still open after 100 ms.
  *  - bad input: NULL (-EINVAL), off the strand (-EPERM), after close
  *    (-EBADF).
+ *  - an abortive close queued before the idle timeout's firing: the peer
+ *    gets a reset and the read -ECANCELED (the user's close, not the
+ *    timeout's).
  * No upper bound on lateness is asserted: the machine may be loaded.
  */
 #include "testutil.h"
@@ -271,12 +274,90 @@ static void test_bad_input(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* An abortive close made on the strand while the idle timeout's firing
+ * is already queued behind it: the close is the user's (the peer sees a
+ * reset, the read gets -ECANCELED), not the timeout's (a FIN, and
+ * -ETIMEDOUT). The strand is held by the accept callback past both
+ * deadlines, so the user's timer (15 ms) and the idle timeout (20 ms)
+ * queue their firings in that order. */
+static weft_timer *g_ab_timer;
+static weft_tcp *g_ab_conn;
+static long g_ab_read = 1;
+static int g_ab_close_rc = 1;
+static tu_event g_ab_closed;
+static char g_ab_buf[16];
+
+static void ab_closed(void *data, weft_tcp *c) {
+  (void)data;
+  (void)c;
+  weft_timer_destroy(g_ab_timer);
+  tu_event_add(&g_ab_closed, 1);
+}
+
+static void ab_read(void *arg, weft_tcp *c, long n) {
+  (void)arg;
+  (void)c;
+  g_ab_read = n;
+}
+
+static void ab_fire(void *arg, int status, uint64_t missed) {
+  (void)arg;
+  (void)missed;
+  if (!status)
+    g_ab_close_rc = weft_tcp_close(g_ab_conn, 1);
+}
+
+static void ab_accept(void *arg, weft_tcp *c) {
+  (void)arg;
+  g_ab_conn = c;
+  TU_CHECK_RC(weft_tcp_set_data(c, NULL, ab_closed), 0);
+  uint64_t t0 = weft_now_ns();
+  TU_CHECK_RC(
+      weft_timer_create(weft_rt_current(), weft_tcp_strand(c), &g_ab_timer), 0);
+  TU_CHECK_RC(weft_timer_start_at(g_ab_timer, t0 + 15 * MS, 0, ab_fire, NULL),
+              0);
+  TU_CHECK_RC(weft_tcp_set_timeouts(c, 20 * MS, 0, 0), 0);
+  TU_CHECK_RC(weft_tcp_read(c, g_ab_buf, sizeof(g_ab_buf), ab_read, NULL), 0);
+  while (weft_now_ns() < t0 + 40 * MS) {
+  }
+}
+
+static void test_abort_before_timeout(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_event_init(&g_ab_closed);
+  weft_rt *rt;
+  tu_rt_create(&rt, 1, 0);
+  weft_listener *l;
+  uint16_t port = tu_tcp_listen(rt, NULL, ab_accept, NULL, &l);
+  int fd = tu_sock_connect(port, 0, 0);
+  assert_true(fd >= 0);
+  tu_event_wait(&g_ab_closed, 1, "the close callback");
+  char b[8];
+  ssize_t n = recv(fd, b, sizeof(b), 0);
+  int err = errno;
+  assert_int_equal(g_ab_close_rc, 0);
+  assert_int_equal(g_ab_read, -ECANCELED);
+  assert_int_equal(n, -1);
+  assert_int_equal(err, ECONNRESET);
+  close(fd);
+  tu_listener_close(l);
+  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  tu_assert_rc(weft_rt_destroy(rt), 0);
+  tu_event_destroy(&g_ab_closed);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_idle), cmocka_unit_test(test_active),
-      cmocka_unit_test(test_read), cmocka_unit_test(test_write),
-      cmocka_unit_test(test_off),  cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_idle),
+      cmocka_unit_test(test_active),
+      cmocka_unit_test(test_read),
+      cmocka_unit_test(test_write),
+      cmocka_unit_test(test_off),
+      cmocka_unit_test(test_bad_input),
+      cmocka_unit_test(test_abort_before_timeout),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
