@@ -16,6 +16,7 @@
 #include "tcp_until.h"
 
 #include "tcp.h"
+#include "tcp_timeout.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -68,8 +69,11 @@ static void until_read(void *arg, weft_tcp *tcp, long n) {
     return;
   }
   int r = weft_tcp_read(tcp, u->buf + u->have, u->len - u->have, until_read, c);
+  /* Refused because the connection closes (a close asked for in this run
+   * of the strand, or a shutdown): the wait ends as the close ends every
+   * operation in flight. */
   if (r)
-    deliver(c, r);
+    deliver(c, r == -EBADF || r == -ESHUTDOWN ? weft__tcp_close_status(c) : r);
 }
 
 /* The answer for a delimiter already held; a close may have answered
