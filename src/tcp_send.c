@@ -563,7 +563,7 @@ int weft_tcp_sendfile(weft_tcp *tcp, int fd, int64_t off, size_t len,
   int r = weft__tcp_usable(c, "weft_tcp_sendfile");
   if (r)
     return r;
-  if (fd < 0)
+  if (fd < 0 || fd == c->s.fd)
     return -EBADF;
   if (off < 0 || len > (size_t)INT64_MAX - (size_t)off)
     return -EINVAL;
