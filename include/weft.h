@@ -434,8 +434,9 @@ WEFT_API int weft_timer_create(weft_rt *rt, weft_strand *s, weft_timer **t);
  * this returns), with the fn and arg it fired with, and does not re-arm a
  * periodic timer.
  * Errors: -EINVAL (t or fn NULL, or the deadline or the first period
- * overflows), -EBADF (t destroyed), -ESHUTDOWN, -EBUSY (65535 firings of t
- * queued). Any thread. */
+ * overflows), -EBADF (t destroyed, or its strand released: a misuse caught
+ * while the strand's memory is not yet reused), -ESHUTDOWN, -EBUSY (65535
+ * firings of t queued). Any thread. */
 WEFT_API int weft_timer_start(weft_timer *t, uint64_t after_ns,
                               uint64_t period_ns, weft_timer_fn fn, void *arg);
 

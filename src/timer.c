@@ -446,6 +446,12 @@ static int start_at(weft_timer *t, uint64_t deadline_ns, uint64_t period_ns,
                     weft_timer_fn fn, void *arg, uint64_t now) {
   if (!t || !fn || (period_ns && deadline_ns > UINT64_MAX - period_ns))
     return -EINVAL;
+  /* Misuse caught where it can be, as weft_post catches it: a timer must
+   * be destroyed before its strand is released, and its firings would
+   * go to the strand's memory. */
+  weft_strand *s = timer_strand(t);
+  if (s && !weft__strand_live(s))
+    return -EBADF;
   weft_rt *rt = rt_of(t);
   if (weft__forked(rt))
     return -ECHILD;

@@ -7,7 +7,9 @@
  *    second cancel -> -EALREADY.
  *  - weft_timer_create with a strand of another runtime -> -EXDEV; with a
  *    released strand that still has handlers pending -> -EBADF (a timer is
- *    bound to its strand at creation, so these are checked there).
+ *    bound to its strand at creation, so these are checked there); and
+ *    weft_timer_start of a timer made before its strand was released ->
+ *    -EBADF.
  *  - weft_timer_start with after_ns = UINT64_MAX (deadline overflow) ->
  *    -EINVAL; a deadline near UINT64_MAX with a period that makes the first
  *    period overflow -> -EINVAL (relative and absolute), while deadline +
@@ -155,6 +157,8 @@ static void test_released_strand(void **state) {
   tu_rt_create(&rt, 2, 0);
   weft_strand *s;
   tu_strand_create(rt, &s);
+  weft_timer *early = NULL; /* made before the release: misused after it */
+  tu_assert_rc(weft_timer_create(rt, s, &early), 0);
   tu_gate gate;
   tu_gate_init(&gate);
   /* handlers pending: the strand still exists after the release */
@@ -164,6 +168,9 @@ static void test_released_strand(void **state) {
   weft_timer *t = NULL;
   tu_assert_rc(weft_timer_create(rt, s, &t), -EBADF);
   tu_assert_rc(weft_timer_create(rt, s, &t), -EBADF);
+  tu_assert_rc(weft_timer_start(early, 1000000, 0, count_handler, NULL),
+               -EBADF);
+  weft_timer_destroy(early);
   tu_gate_open(&gate);
   tu_wait_count(&gate.passed, 1, "the gate handler to finish");
   /* the runtime is unaffected: a timer without strand still works */
