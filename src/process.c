@@ -266,10 +266,8 @@ static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
 /* A spawned child that weft will not watch: killed and reaped, through
  * its pidfd (never by pid: see spawn.c); the caller closes the pidfd. */
 static void abandon(int pidfd) {
-  siginfo_t si;
   pidfd_signal(pidfd, SIGKILL);
-  while (waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED) < 0 && errno == EINTR)
-    ;
+  weft__spawn_reap(pidfd);
 }
 
 int weft_spawn(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,

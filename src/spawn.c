@@ -202,6 +202,12 @@ CHILD_SIDE static int child(void *arg) {
   return 127;
 }
 
+void weft__spawn_reap(int pidfd) {
+  siginfo_t si;
+  while (waitid(P_PIDFD, (id_t)pidfd, &si, WEXITED) < 0 && errno == EINTR)
+    ;
+}
+
 int weft__spawn_start(const struct weft__spawn *sp, pid_t *pid, int *pidfd) {
   void *stack = mmap(NULL, STACK_BYTES, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
@@ -221,9 +227,7 @@ int weft__spawn_start(const struct weft__spawn *sp, pid_t *pid, int *pidfd) {
   if (pl.err) {
     /* Exited, or exiting (the vfork ends at its exit): reaped here, unless
      * SIGCHLD is ignored or another reaper was first (ECHILD). */
-    siginfo_t si;
-    while (waitid(P_PIDFD, (id_t)fd, &si, WEXITED) < 0 && errno == EINTR)
-      ;
+    weft__spawn_reap(fd);
     close(fd);
     return -pl.err;
   }

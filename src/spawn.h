@@ -29,4 +29,8 @@ struct weft__spawn {
  * the stdio, the exec: -ENOENT, -EACCES, ...), that child reaped. */
 int weft__spawn_start(const struct weft__spawn *sp, pid_t *pid, int *pidfd);
 
+/* Waits until the child of pidfd has ended and reaps it (a child another
+ * reaper took, ECHILD, counts as reaped). The pidfd stays open. */
+void weft__spawn_reap(int pidfd);
+
 #endif
