@@ -48,7 +48,10 @@ static void fire(void *arg, int status, uint64_t missed) {
   struct weft__tmo *t = weft__tcp_tmo(c);
   /* A shutdown, closing anyway, or a close asked for whose EV_CLOSE is
    * still on its way: that close, abortive or not, and its -ECANCELED
-   * are the user's, not this timeout's. */
+   * are the user's, not this timeout's. Relaxed: a close asked on this
+   * strand is before this load in program order; one from another thread
+   * that the load misses races the timeout, and either may end the
+   * operations (close_begin still honours its abortive flag). */
   if (status || !t || c->s.state != ST_OPEN ||
       weft__load(&c->close_req, WA_RLX))
     return;

@@ -294,7 +294,9 @@ static void deliver(struct udp *u, unsigned i) {
 }
 
 /* A close asked for (from a receive callback too) stops deliveries at
- * once, as a stop does. */
+ * once, as a stop does. Relaxed: a close on the strand is before this
+ * load in program order; one from another thread that it misses is as
+ * if it came after the delivery, which weft_udp_close allows. */
 static bool recv_wanted(const struct udp *u) {
   return u->s.state == ST_OPEN && u->receiving &&
          !weft__load(&u->close_req, WA_RLX);
