@@ -1,5 +1,5 @@
 /*
- * process.c - child processes (weft_spawn): starting a program (spawn.c,
+ * process.c - child processes (weft_spawn): starting a program (spawnfd.c,
  * which returns its pidfd with it), its stdio as streams (socket pairs
  * adopted as connections, tcp.c), and its end, watched through the pidfd.
  * Owns struct weft_process (an object of sock.h's kind SK_PROC whose
@@ -25,7 +25,7 @@
 
 #include "rt.h"
 #include "sock.h"
-#include "spawn.h"
+#include "spawnfd.h"
 #include "tcp.h"
 #include "thread.h"
 
@@ -184,7 +184,7 @@ static void fds_close(struct stdio_fds *f) {
 /* Socket pairs for o->stdio's pipes; sp->fd for each descriptor. A child
  * end below 3 (the parent has closed its stdio) is moved up, so that
  * making one of the child's stdio descriptors cannot close another's
- * source (spawn.h). */
+ * source (spawnfd.h). */
 static int stdio_setup(weft_rt *rt, const weft_spawn_opts *o,
                        struct weft__spawn *sp, struct stdio_fds *f) {
   for (int i = 0; i < 3; i++) {
@@ -264,7 +264,7 @@ static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
 }
 
 /* A spawned child that weft will not watch: killed and reaped, through
- * its pidfd (never by pid: see spawn.c); the caller closes the pidfd. */
+ * its pidfd (never by pid: see spawnfd.c); the caller closes the pidfd. */
 static void abandon(int pidfd) {
   pidfd_signal(pidfd, SIGKILL);
   weft__spawn_reap(pidfd);

@@ -1,6 +1,6 @@
 /*
  * process.h, process.c - child processes (weft_spawn): a program started
- * with its pidfd (spawn.c), its stdio as streams, its end watched through
+ * with its pidfd (spawnfd.c), its stdio as streams, its end watched through
  * that pidfd (an object of sock.h's kind SK_PROC).
  */
 #ifndef WEFT_PROCESS_H

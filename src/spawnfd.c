@@ -1,5 +1,5 @@
 /*
- * spawn.c - starting a program with its pidfd (spawn.h). Owns the child's
+ * spawnfd.c - starting a program with its pidfd (spawnfd.h). Owns the child's
  * side of a start: what runs between the clone and the exec.
  *
  * Why not posix_spawn: it returns a pid, and a pidfd opened from that pid
@@ -25,7 +25,7 @@
  * then unblocks them all. A step that fails before the exec writes its
  * errno to the shared plan and the child exits 127; the parent reaps it.
  */
-#include "spawn.h"
+#include "spawnfd.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,11 +1,11 @@
 /*
- * spawn.h, spawn.c - starting a program with its pidfd made by the same
+ * spawnfd.h, spawnfd.c - starting a program with its pidfd made by the same
  * system call (clone with CLONE_PIDFD), so no other reaper in the process
  * can take the child between its start and weft's hold on it. Used by
  * process.c (weft_spawn).
  */
-#ifndef WEFT_SPAWN_H
-#define WEFT_SPAWN_H
+#ifndef WEFT_SPAWNFD_H
+#define WEFT_SPAWNFD_H
 
 #include <sys/types.h>
 
