@@ -553,7 +553,14 @@ static uint64_t scan(weft_rt *rt, struct weft__monitor *m, uint64_t now) {
     } else if (m->handoff_ok && ran < 4 * rt->mon.stall_ns) {
       continue; /* a spare is starting: report if still none in a while */
     }
-    if (!m->reported[i]) {
+    const char *w = r > 0 ? weft__load(&t->waits_in, WA_RLX) : NULL;
+    if (w && !m->reported[i]) {
+      m->reported[i] = true; /* a wait its caller was told of */
+      weft__log(rt, WEFT_LOG_DEBUG,
+                "shard %u moved to another thread while a handler waits in "
+                "%s",
+                i, w);
+    } else if (!m->reported[i]) {
       m->reported[i] = true;
       weft__stat_add(&sh->st.stalls, 1);
       weft__trace(WEFT_EV_STALL, i, (uintptr_t)st.handler,

@@ -229,8 +229,11 @@ static int start(weft_rt *rt, const weft_spawn_opts *o, struct stdio_fds *f,
                            .cwd = o->cwd,
                            .path = getenv("PATH")};
   int r = stdio_setup(rt, o, &sp, f);
-  if (!r)
+  if (!r) {
+    weft__waits_in("weft_spawn");
     r = weft__spawn_start(&sp, pid, pidfd);
+    weft__waits_in(NULL);
+  }
   for (int i = 0; i < 3; i++)
     if (f->child[i] >= 0) {
       close(f->child[i]);

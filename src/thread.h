@@ -58,6 +58,13 @@ struct weft__thread {
   _Atomic uint32_t taken;
   _Atomic(void *) cur_fn;     /* handler running, for stall reports */
   _Atomic(void *) cur_strand; /* its strand, or NULL */
+  /* The weft call the handler is waiting in, when weft itself makes a wait
+   * its header documents (weft_spawn's wait for the exec); NULL otherwise.
+   * The monitor hands the shard on as for a stall but does not report one
+   * (monitor.c, scan). A hint: relaxed, as a stale read only reports a
+   * stall that was not one, or leaves out the report of a handler that has
+   * just left the wait. */
+  _Atomic(const char *) waits_in;
   /* set by the thread at start, for the monitor: its kernel id (0 until
    * then) and its CPU-time clock */
   _Atomic int kernel_tid;
@@ -126,6 +133,14 @@ static inline void weft__calling(void *fn) {
   }
 }
 void weft__set_current_strand(weft_strand *s);
+
+/* Brackets a documented wait inside a weft call (waits_in above): what,
+ * then NULL. */
+static inline void weft__waits_in(const char *what) {
+  struct weft__thread *t = weft__self();
+  if (t)
+    weft__store(&t->waits_in, what, WA_RLX);
+}
 
 /* A shard's index, from code that cannot see struct weft__shard. */
 unsigned weft__shard_idx(const struct weft__shard *sh);

@@ -154,6 +154,8 @@ typedef struct weft_spawn_opts {
  * The calling thread waits until the child has begun the program (a vfork's
  * wait, the exec's time: a millisecond or less, more for a large program on
  * a loaded machine), so that a program that cannot start is an error here.
+ * A wait past the stall threshold moves the shard to another thread, as a
+ * stall does, but is not reported or counted as one.
  * Must be called on strand s when it makes streams (their close callbacks
  * are set there: weft_tcp_set_data before the handler returns). Errors
  * (nothing started): -EINVAL, -EXDEV, -EBADF (s released), -EPERM (streams
