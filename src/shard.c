@@ -45,8 +45,12 @@ void weft__schedule(weft_rt *rt, struct weft__shard *local, weft__item it) {
   if (local) {
     if (!weft__runq_push(&local->rq, it))
       overflow(rt, local, it);
-    else if (!local->quiet && rt->nshards > 1 && weft__runq_len(&local->rq) > 1)
+    else if (local->quiet || rt->nshards == 1)
+      ;
+    else if (weft__runq_len(&local->rq) > 1)
       weft__notify_parked(rt); /* there is work for another thread */
+    else
+      local->owe_wake = true;
     return;
   }
   weft__inject_push(&rt->inject, &it, 1);
@@ -59,9 +63,12 @@ void weft__schedule_prio(weft_rt *rt, struct weft__shard *local,
     weft__schedule(rt, local, it); /* outside, or full: the usual way */
     return;
   }
-  if (!local->quiet && rt->nshards > 1 &&
-      weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
+  if (local->quiet || rt->nshards == 1)
+    return;
+  if (weft__runq_len(&local->prq) + weft__runq_len(&local->rq) > 1)
     weft__notify_parked(rt); /* there is work for another thread */
+  else
+    local->owe_wake = true;
 }
 
 /* Takes a batch from the inject queue into the own ring; returns one. */

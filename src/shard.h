@@ -59,6 +59,10 @@ struct weft__shard {
   /* a handler asks the strand it runs on to end its turn after it
    * (weft__yield_turn): more of its work is queued behind it */
   bool yield_turn;
+  /* a push found the ring empty and woke no one, its poster being next to
+   * run it; if that poster is inside a strand's turn that goes on, it
+   * wakes one then (shard.c, weft__schedule; strand.c) */
+  bool owe_wake;
   /* the thread waited on the clock for a timer (shard.c, spin_to_timer),
    * not in the backend: its next poll asks the backend, busy or not */
   bool spun;

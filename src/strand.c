@@ -482,6 +482,7 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
   weft__stat_add(&sh->st.strands_run, 1);
   weft__set_current_strand(s);
   sh->yield_turn = false;
+  sh->owe_wake = false;
   int lost_ran = -1;
   for (;;) {
     weft__handler_enter(self, node_fn(n), s);
@@ -532,6 +533,13 @@ void weft__strand_run(struct weft__shard *sh, weft_strand *s) {
         weft__node_of(n)->queued = t1;
       weft__schedule(rt, sh, (weft__item)s);
       break;
+    }
+    if (sh && sh->owe_wake) {
+      /* A handler of this turn queued work that its push woke no one for,
+       * as this thread was to run it next; the turn goes on instead, so
+       * another thread takes it (unrelated work waits on no turn). */
+      sh->owe_wake = false;
+      weft__notify_parked(rt);
     }
   }
   item_end(rt, sh, idx, t0, t1, handlers, sampled);

@@ -12,6 +12,12 @@
  * In both, A's handlers run in order, each exactly once. In the local case
  * the documented rule (after a batch, A requeues at the back of the run
  * queue, where B already waits) means B runs after at most 4 of A's.
+ *
+ * Posted from inside a turn: with two workers, one parked, and batch 64, a
+ * handler of A's turn of 64 (each computing 1 ms of its thread's CPU time)
+ * posts to B, the only thing then in its ring. Its worker would run B only
+ * after the turn, so the parked worker is woken for it: B runs before A's
+ * last handler.
  */
 #include "testutil.h"
 
@@ -148,6 +154,67 @@ static void test_local_posts(void **state) {
   teardown_rt();
 }
 
+#define NTURN 64
+
+static atomic_uint g_a_ran, g_a_ran_at_b;
+static tu_count g_turn_done;
+
+static void turn_b(void *arg) {
+  (void)arg;
+  atomic_store(&g_a_ran_at_b, atomic_load(&g_a_ran) + 1);
+  atomic_fetch_add(&g_turn_done, 1);
+}
+
+static void turn_a(void *arg) {
+  if (arg)
+    TU_CHECK_RC(weft_post(g_b, turn_b, NULL), 0);
+  struct timespec t0, t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  do /* CPU time: a preempted thread does not shorten the turn */
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) <
+         1000000L);
+  atomic_fetch_add(&g_a_ran, 1);
+  atomic_fetch_add(&g_turn_done, 1);
+}
+
+static void post_turn(void *arg) {
+  (void)arg;
+  for (unsigned i = 0; i < NTURN; i++)
+    TU_CHECK_RC(weft_post(g_a, turn_a, i == 0 ? (void *)1 : NULL), 0);
+}
+
+static void test_post_inside_turn(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  atomic_store(&g_a_ran, 0);
+  atomic_store(&g_a_ran_at_b, 0);
+  atomic_store(&g_turn_done, 0);
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = 2;
+  cfg.batch = NTURN;
+  cfg.stall_threshold_ns = 10000000000ull; /* no handoff: one turn */
+  g_rt = NULL;
+  tu_assert_rc(weft_rt_create(&g_rt, &cfg), 0);
+  tu_strand_create(g_rt, &g_a);
+  tu_strand_create(g_rt, &g_b);
+  /* Through a strand of its own, so that A's handlers are queued on A
+   * before its turn begins: the turn is all NTURN of them. */
+  weft_strand *p;
+  tu_strand_create(g_rt, &p);
+  tu_on_strand(p, post_turn, NULL);
+  weft_strand_release(p);
+  tu_wait_count(&g_turn_done, NTURN + 1, "A's and B's handlers");
+  unsigned at = atomic_load(&g_a_ran_at_b);
+  print_message("B ran with %u of A's %d handlers done\n", at - 1, NTURN);
+  if (at - 1 >= NTURN)
+    fail_msg("B, posted by A's first handler, waited for A's whole turn "
+             "of %d handlers while a worker was parked",
+             NTURN);
+  teardown_rt();
+}
+
 static void test_foreign_posts(void **state) {
   (void)state;
   tu_reset_async_errors();
@@ -172,6 +239,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_local_posts),
       cmocka_unit_test(test_foreign_posts),
+      cmocka_unit_test(test_post_inside_turn),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
