@@ -164,7 +164,8 @@ typedef struct weft_config {
    * 50000 (50 us). */
   uint64_t stall_threshold_ns;
   /* Most threads the runtime may run for its shards, spares included.
-   * 0: 2 * workers + 4. At least workers. */
+   * 0: 2 * workers + 4. At least workers (with workers 0, a smaller value
+   * is raised to the number chosen), at most 4 * WEFT_MAX_WORKERS. */
   unsigned max_threads;
   /* weft_blocking: most pool threads (0: 4 per CPU the process may run
    * on, at most 64) and most jobs waiting for a thread (0: 1024); the two
@@ -222,7 +223,8 @@ typedef struct weft_config {
    * thread of the runtime's shards keeps in a ring of its own, 32 bytes an
    * event, allocated when the thread starts (the monitor's and the
    * blocking pools' threads keep an eighth of it). 0: 262144 (8192
-   * events); else at least 4096, rounded down to a power of two.
+   * events); else at least 4096 and at most 2^34, rounded down to a power
+   * of two.
    * WEFT_CONFIG_NO_TRACE, or the environment variable WEFT_TRACE=off, turns the
    * recorder off. */
   size_t trace_bytes;
@@ -310,25 +312,28 @@ static inline int weft_rt_create(weft_rt **rt, const weft_config *cfg) {
  * with -ESHUTDOWN, from any thread (handlers included). Without
  * WEFT_SHUTDOWN_NOWAIT it returns when all that work is done. Errors: -EINVAL
  * (rt NULL, bad how), -EALREADY (shutdown already started), -EDEADLK (called
- * from a handler of this runtime without WEFT_SHUTDOWN_NOWAIT: it would wait
- * for itself). Any thread. */
+ * from a handler or a blocking job (weft_blocking) of this runtime without
+ * WEFT_SHUTDOWN_NOWAIT: it would wait for itself). Any thread. */
 WEFT_API int weft_rt_shutdown(weft_rt *rt, int how);
 
 /* Waits at most timeout_ns for the runtime's shutdown to finish, one not
  * yet started included: a main thread can wait here for a shutdown that
  * a handler starts (on a signal, say: weft_signal_watch). 0 when it has
  * finished, -ETIMEDOUT if not yet, -EINVAL (rt NULL), -EDEADLK (called
- * from a handler of this runtime). Any thread. A simulated runtime runs
- * here, on the caller's thread, for timeout_ns of virtual time (see
- * "Simulation"). */
+ * from a handler or a blocking job of this runtime). Any thread. A simulated
+ * runtime runs here, on the caller's thread, for timeout_ns of virtual time
+ * (see "Simulation"). */
 WEFT_API int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns);
 
 /* Joins every thread and frees the runtime and all its strands, released or
  * not. If no shutdown was started, it first does WEFT_SHUTDOWN_CANCEL; if a
- * NOWAIT shutdown is in progress it waits for it. No weft object of this
- * runtime may be used afterwards.
- * Errors: -EINVAL (rt NULL), -EDEADLK (called from a handler of this
- * runtime; nothing is freed). Any thread but the runtime's own. */
+ * NOWAIT shutdown is in progress it waits for it, and for other threads
+ * still inside weft_rt_shutdown or weft_rt_wait of rt to return. No weft
+ * object of this runtime may be used afterwards, nor rt passed to a call
+ * that begins after destroy does.
+ * Errors: -EINVAL (rt NULL), -EDEADLK (called from a handler or a blocking
+ * job of this runtime; nothing is freed). Any thread but the runtime's
+ * own. */
 WEFT_API int weft_rt_destroy(weft_rt *rt);
 
 /* Number of shards (= worker threads) of the runtime. Any thread. */

@@ -122,6 +122,8 @@ int weft__blocking_init(weft_rt *rt, const weft_config *c) {
 }
 
 /* Returns j's slot to the free list; lock held. */
+_Thread_local weft_rt *weft__job_rt;
+
 static void slot_put(struct weft__blocking *b, struct job *j) {
   j->id = 0;
   j->state = J_FREE;
@@ -192,7 +194,10 @@ static void run_locked(weft_rt *rt, struct weft__blocking *b, struct job *j) {
   if (rt->sim)
     weft__sim_note(rt, -1, (const void *)work, NULL);
 #endif
+  weft_rt *outer = weft__job_rt; /* a simulation's job runs on its driver */
+  weft__job_rt = rt;
   long result = work(j->arg);
+  weft__job_rt = outer;
   uint64_t t1 = weft__now_ns();
   weft__trace(WEFT_EV_JOB_END, WEFT_TRACE_NO_SHARD, (uintptr_t)work, 0);
   pthread_mutex_lock(&b->lock);

@@ -7,6 +7,10 @@
 
 #include "core.h"
 
+/* The runtime whose blocking job the calling thread runs, or NULL: a job
+ * that waits for its runtime's end waits for itself (rt.c, -EDEADLK). */
+extern _Thread_local weft_rt *weft__job_rt;
+
 /* At create: the two pools, weft_blocking's and name resolution's
  * (resolve.c), each with its own threads and job table, so that lookups
  * waiting on a name server never hold the threads other jobs need. The

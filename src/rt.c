@@ -494,17 +494,29 @@ void weft__busy_drop(weft_rt *rt, int64_t n) {
 
 static bool on_own_thread(weft_rt *rt) {
   struct weft__thread *t = weft__self();
-  return t && t->rt == rt;
+  return (t && t->rt == rt) || weft__job_rt == rt;
 }
 
-int weft_rt_shutdown(weft_rt *rt, int how) {
-  if (!rt || (how & ~(WEFT_SHUTDOWN_CANCEL | WEFT_SHUTDOWN_NOWAIT)))
-    return -EINVAL;
-  if (weft__forked(rt))
-    return -ECHILD;
-  bool nowait = how & WEFT_SHUTDOWN_NOWAIT;
-  if (!nowait && on_own_thread(rt))
-    return -EDEADLK;
+/* Around weft_rt_shutdown and weft_rt_wait: a thread inside either may
+ * still be waking from the done broadcast, or finishing a NOWAIT
+ * shutdown's pokes, when weft_rt_destroy's own wait ends; destroy waits for
+ * the count to fall to 0, and a caller touches nothing of rt after its
+ * leave unlocks. */
+static void caller_enter(weft_rt *rt) {
+  pthread_mutex_lock(&rt->life.lock);
+  rt->life.callers++;
+  pthread_mutex_unlock(&rt->life.lock);
+}
+
+static void caller_leave(weft_rt *rt) {
+  pthread_mutex_lock(&rt->life.lock);
+  if (--rt->life.callers == 0)
+    pthread_cond_broadcast(&rt->life.cond);
+  pthread_mutex_unlock(&rt->life.lock);
+}
+
+/* The shutdown's start: 0, or -EALREADY. */
+static int shutdown_begin(weft_rt *rt, int how) {
   pthread_mutex_lock(&rt->life.lock);
   bool again = rt->life.shutdown_called;
   rt->life.shutdown_called = true;
@@ -521,9 +533,23 @@ int weft_rt_shutdown(weft_rt *rt, int how) {
   weft__socks_shutdown(rt);
   weft__blocking_shutdown(rt);
   weft__busy_drop(rt, 1); /* pokes: an idle runtime has nobody awake */
-  if (!nowait)
-    wait_done(rt);
   return 0;
+}
+
+int weft_rt_shutdown(weft_rt *rt, int how) {
+  if (!rt || (how & ~(WEFT_SHUTDOWN_CANCEL | WEFT_SHUTDOWN_NOWAIT)))
+    return -EINVAL;
+  if (weft__forked(rt))
+    return -ECHILD;
+  bool nowait = how & WEFT_SHUTDOWN_NOWAIT;
+  if (!nowait && on_own_thread(rt))
+    return -EDEADLK;
+  caller_enter(rt);
+  int r = shutdown_begin(rt, how);
+  if (!r && !nowait)
+    wait_done(rt);
+  caller_leave(rt);
+  return r;
 }
 
 int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
@@ -543,9 +569,12 @@ int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
   struct timespec ts = weft__timespec(deadline);
   int r = 0;
   pthread_mutex_lock(&rt->life.lock);
+  rt->life.callers++;
   while (!weft__load(&rt->life.done, WA_ACQ) && r != ETIMEDOUT)
     r = pthread_cond_timedwait(&rt->life.cond, &rt->life.lock, &ts);
   bool done = weft__load(&rt->life.done, WA_ACQ);
+  if (--rt->life.callers == 0) /* caller_leave */
+    pthread_cond_broadcast(&rt->life.cond);
   pthread_mutex_unlock(&rt->life.lock);
   return done ? 0 : -ETIMEDOUT;
 }
@@ -557,8 +586,12 @@ int weft_rt_destroy(weft_rt *rt) {
     return -ECHILD; /* its threads are not here to join, nor to unlock */
   if (on_own_thread(rt))
     return -EDEADLK;
-  weft_rt_shutdown(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
+  shutdown_begin(rt, WEFT_SHUTDOWN_CANCEL); /* -EALREADY is fine */
   wait_done(rt);
+  pthread_mutex_lock(&rt->life.lock);
+  while (rt->life.callers)
+    pthread_cond_wait(&rt->life.cond, &rt->life.lock);
+  pthread_mutex_unlock(&rt->life.lock);
   weft__signals_forget(rt);
   /* Nothing runs after done, but the monitor may be inside a scan that
    * saw a handler still running and reports it now: its on_stall may read

@@ -28,6 +28,9 @@ struct weft__life {
   pthread_mutex_t lock; /* guards the fields below */
   pthread_cond_t cond;
   unsigned started; /* eager threads that reached their loop */
+  /* threads inside weft_rt_shutdown or weft_rt_wait: weft_rt_destroy
+   * frees nothing until none is (rt.c, caller_enter) */
+  unsigned callers;
   bool shutdown_called;
 };
 

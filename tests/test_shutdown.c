@@ -21,7 +21,15 @@
  *    -EDEADLK, and neither started anything; with NOWAIT it works and
  *    weft_rt_destroy from the main thread then completes.
  *  - weft_rt_destroy without a shutdown cancels what is pending.
+ *  - weft_rt_destroy while other threads are inside weft_rt_shutdown
+ *    (DRAIN) and weft_rt_wait, asleep there (and made SCHED_IDLE, so that
+ *    they wake late): it returns only after they have, each with 0 (ASan:
+ *    a waiter touching the freed runtime is a use after free).
+ *  - From a blocking job: shutdown without NOWAIT, wait and destroy give
+ *    -EDEADLK (the job counts as work the shutdown waits for).
  */
+#include <sched.h>
+#include <sys/syscall.h>
 #include "testutil.h"
 
 #define NWORKERS 4
@@ -543,6 +551,99 @@ static void test_destroy_without_shutdown(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+#define NWAITERS 6
+
+static atomic_int g_waiter_tid[NWAITERS];
+static int g_waiter_rc[NWAITERS];
+
+static void *waiter_main(void *arg) {
+  unsigned i = (unsigned)(uintptr_t)arg;
+  atomic_store(&g_waiter_tid[i], (int)syscall(SYS_gettid));
+  g_waiter_rc[i] = i == 0 ? weft_rt_shutdown(g_rt, WEFT_SHUTDOWN_DRAIN)
+                          : weft_rt_wait(g_rt, UINT64_MAX);
+  return NULL;
+}
+
+/* Whether thread tid of this process is asleep ('S' in its stat). */
+static bool asleep(int tid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/self/task/%d/stat", tid);
+  FILE *f = fopen(path, "r");
+  if (!f)
+    return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  return p && p[1] == ' ' && p[2] == 'S';
+}
+
+static void hold_100ms(void *arg) {
+  (void)arg;
+  tu_sleep_ms(100);
+}
+
+static void test_destroy_while_waiting(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  for (int round = 0; round < 4; round++) {
+    tu_rt_create(&g_rt, 2, 0);
+    tu_assert_rc(weft_post_rt(g_rt, hold_100ms, NULL), 0);
+    pthread_t th[NWAITERS];
+    for (unsigned i = 0; i < NWAITERS; i++) {
+      atomic_store(&g_waiter_tid[i], 0);
+      g_waiter_rc[i] = 1;
+      assert_int_equal(
+          pthread_create(&th[i], NULL, waiter_main, (void *)(uintptr_t)i), 0);
+    }
+    /* Each asleep in its call (the handler holds the runtime 100 ms; a
+     * thread asleep elsewhere would only make this round weaker). */
+    for (unsigned i = 0; i < NWAITERS; i++) {
+      for (int k = 0; k < 2000 && !(atomic_load(&g_waiter_tid[i]) &&
+                                    asleep(atomic_load(&g_waiter_tid[i])));
+           k++)
+        tu_sleep_ms(1);
+      struct sched_param sp = {0};
+      pthread_setschedparam(th[i], SCHED_IDLE, &sp);
+    }
+    tu_assert_rc(weft_rt_destroy(g_rt), 0);
+    for (unsigned i = 0; i < NWAITERS; i++) {
+      assert_int_equal(pthread_join(th[i], NULL), 0);
+      tu_assert_rc(g_waiter_rc[i], 0);
+    }
+  }
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
+static int g_job_rc[3];
+
+static long job_waits(void *arg) {
+  (void)arg;
+  g_job_rc[0] = weft_rt_shutdown(g_rt, WEFT_SHUTDOWN_DRAIN);
+  g_job_rc[1] = weft_rt_wait(g_rt, 1000000);
+  g_job_rc[2] = weft_rt_destroy(g_rt);
+  return 0;
+}
+
+static void job_done(void *arg, long result) {
+  (void)result;
+  atomic_fetch_add((tu_count *)arg, 1);
+}
+
+static void test_from_blocking_job(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  tu_rt_create(&g_rt, 2, 0);
+  tu_count done = 0;
+  tu_assert_rc(weft_blocking(g_rt, job_waits, &done, NULL, job_done, NULL), 0);
+  tu_wait_count(&done, 1, "the job's done");
+  for (int i = 0; i < 3; i++)
+    tu_assert_rc(g_job_rc[i], -EDEADLK);
+  tu_assert_rc(weft_rt_shutdown(g_rt, WEFT_SHUTDOWN_DRAIN), 0);
+  tu_assert_rc(weft_rt_destroy(g_rt), 0);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 /* A runtime that never got any work: destroy (and shutdown) still work. */
 static void test_idle_lifecycle(void **state) {
   (void)state;
@@ -621,6 +722,8 @@ int main(void) {
       cmocka_unit_test(test_from_handler_drain),
       cmocka_unit_test(test_from_handler_cancel),
       cmocka_unit_test(test_destroy_without_shutdown),
+      cmocka_unit_test(test_destroy_while_waiting),
+      cmocka_unit_test(test_from_blocking_job),
       cmocka_unit_test(test_idle_lifecycle),
       cmocka_unit_test(test_many_threads_lifecycle),
   };
