@@ -165,6 +165,11 @@ int weft__sock_new(struct weft__sock **out, weft_rt *rt, int kind, int fd,
   s->fd = fd;
   s->kind = (uint8_t)kind;
   if (strand) {
+    /* The user's strand may be released while s is open: its callbacks,
+     * the close callback last, still go there (really_free unholds). One
+     * weft made is released by its last socket instead. */
+    if (!strand->weft_made)
+      weft__strand_hold(strand);
     s->strand = strand;
   } else {
     int r = weft_strand_create(rt, &s->strand);
@@ -248,8 +253,11 @@ static void really_free(struct weft__sock *s) {
   /* acq_rel: the last socket's release follows every other socket's use
    * of the strand. */
   weft_strand *st = s->strand;
-  if (weft__fetch_sub(&st->socks, 1, WA_AR) == 1 && st->weft_made)
+  bool made = st->weft_made;
+  if (weft__fetch_sub(&st->socks, 1, WA_AR) == 1 && made)
     weft_strand_release(st);
+  else if (!made)
+    weft__strand_unhold(st); /* the hold weft__sock_new took */
   weft__fetch_sub(&rt->net.live, 1, WA_RLX);
   mem_free(rt, s->kind, s);
 }

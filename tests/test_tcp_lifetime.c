@@ -21,6 +21,11 @@
  *    runtime then shuts down. Every A, B and far end gets exactly one
  *    close callback. A's strand must outlive B (a debug build of weft
  *    aborts on a post to a reclaimed strand).
+ *  - The application's own strand, given to weft_tcp_connect and released
+ *    while the connection is open: the connection's callbacks, its close
+ *    callback at the shutdown included, still run there, once (a debug
+ *    build of weft aborts on a post to a reclaimed strand; ASan catches
+ *    one in any build).
  *  - Misuse is named: with log_level WEFT_LOG_DEBUG, a read made off the
  *    connection's strand logs the call and the rule it broke.
  */
@@ -360,6 +365,59 @@ static void test_lent_strand_shutdown(void **state) {
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
+/* ------------------------------------- the user's strand, released */
+
+static tu_count g_rel_connected, g_rel_closes;
+static _Atomic(weft_strand *) g_rel_strand;
+
+static void rel_close(void *data, weft_tcp *c) {
+  (void)data;
+  (void)c;
+  TU_CHECK(weft_strand_current() == atomic_load(&g_rel_strand));
+  atomic_fetch_add(&g_rel_closes, 1);
+}
+
+static void rel_connected(void *arg, weft_tcp *c, int status) {
+  (void)arg;
+  TU_CHECK_RC(status, 0);
+  TU_CHECK_RC(weft_tcp_set_data(c, NULL, rel_close), 0);
+  atomic_fetch_add(&g_rel_connected, 1);
+}
+
+static void accept_idle(void *arg, weft_tcp *c) {
+  (void)arg;
+  (void)c;
+}
+
+static void test_released_user_strand(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  atomic_store(&g_rel_connected, 0);
+  atomic_store(&g_rel_closes, 0);
+  weft_rt *rt;
+  tu_rt_create(&rt, 2, 0);
+  weft_listener *l;
+  uint16_t port = tu_tcp_listen(rt, NULL, accept_idle, NULL, &l);
+  weft_strand *s;
+  tu_strand_create(rt, &s);
+  atomic_store(&g_rel_strand, s);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  enum { N = 4 };
+  for (int i = 0; i < N; i++) {
+    weft_tcp *c;
+    tu_assert_rc(weft_tcp_connect(rt, s, (struct sockaddr *)&a, sizeof a, 0,
+                                  rel_connected, NULL, &c),
+                 0);
+  }
+  tu_wait_count(&g_rel_connected, N, "the connects");
+  weft_strand_release(s); /* the connections stay open on it */
+  tu_assert_rc(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
+  tu_assert_rc(weft_rt_destroy(rt), 0);
+  assert_int_equal(atomic_load(&g_rel_closes), N);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+}
+
 /* ------------------------------------------------ misuse is named */
 
 /* With log_level WEFT_LOG_DEBUG, a connection call off its strand logs
@@ -425,6 +483,7 @@ int main(void) {
       cmocka_unit_test(test_posted_before_shutdown),
       cmocka_unit_test(test_timer_on_strand),
       cmocka_unit_test(test_lent_strand_shutdown),
+      cmocka_unit_test(test_released_user_strand),
       cmocka_unit_test(test_misuse_logged),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
