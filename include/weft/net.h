@@ -288,7 +288,8 @@ WEFT_API size_t weft_tcp_queued(const weft_tcp *c);
 
 /* Write backpressure: a write that would take the queued bytes above high
  * fails with -ENOBUFS (unless the queue is empty), and fn(arg, c) runs once
- * the queue has drained to low or less. Defaults: low 64 KiB, high 1 MiB.
+ * the queue has drained to low or less (fn may be NULL: limits only).
+ * Defaults: low 64 KiB, high 1 MiB.
  * Errors: -EINVAL (low > high, high 0), -EPERM, -ENOMEM. */
 WEFT_API int weft_tcp_set_watermarks(weft_tcp *c, size_t low, size_t high,
                                      weft_drain_fn fn, void *arg);
@@ -299,8 +300,9 @@ WEFT_API int weft_tcp_set_watermarks(weft_tcp *c, size_t low, size_t high,
 WEFT_API int weft_tcp_shutdown(weft_tcp *c);
 
 /* Closes c: in-flight operations complete with -ECANCELED (queued writes
- * not yet sent included), then the close callback runs (see "Lifetime"
- * above). With abortive non-zero the peer gets RST instead of FIN
+ * not yet sent included: they are not sent, so to send everything first,
+ * close from the last write's callback), then the close callback runs
+ * (see "Lifetime" above). With abortive non-zero the peer gets RST instead of FIN
  * (SO_LINGER 0). Errors: -EINVAL (c NULL), -EALREADY (already closing:
  * closed before, or closing by itself), -ESHUTDOWN (called from outside
  * the runtime once its shutdown has begun: the shutdown closes c, and the
