@@ -109,7 +109,16 @@ struct weft__sim {
   uint64_t seed, rng;
   uint64_t steps, handlers, hash, faults;
   unsigned fault_kinds, fault_odds;
-  bool running;         /* in weft__sim_run: faults strike only then */
+  bool running; /* in weft__sim_run: faults strike only then */
+  /* One thread drives at a time: the others that wait (weft_rt_wait,
+   * weft_rt_shutdown, from any thread) sleep on life.cond until the run
+   * is done, their timeout passes or the driver returns, and then one of
+   * them drives on. driving is under life.lock; wake_at, the earliest
+   * deadline of a sleeper (UINT64_MAX: none), is written under it and
+   * read relaxed by the driver, which wakes the sleepers once the clock
+   * reaches it: a late look only wakes them a step later. */
+  bool driving;
+  _Atomic uint64_t wake_at;
   bool monitor;         /* the application left the monitor on */
   struct stall *stalls; /* the innermost stall under way, or NULL */
   unsigned nstalls;
@@ -378,6 +387,7 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
     return 0;
   pthread_once(&once, crash_line_install);
   m->seed = m->rng = seed;
+  weft__store(&m->wake_at, UINT64_MAX, WA_RLX);
   m->next_port = FIRST_PORT;
   m->fault_kinds = c->sim_faults;
   m->fault_odds = c->sim_fault_odds;
@@ -830,6 +840,16 @@ static bool have_work(weft_rt *rt, uint64_t next, uint64_t now) {
          !rings_empty(rt);
 }
 
+/* The threads asleep in a wait whose timeout has passed (wake_at). */
+static void wake_due(weft_rt *rt, struct weft__sim *m, uint64_t now) {
+  if (now < weft__load(&m->wake_at, WA_RLX))
+    return;
+  pthread_mutex_lock(&rt->life.lock);
+  weft__store(&m->wake_at, UINT64_MAX, WA_RLX); /* the others sleep again */
+  pthread_cond_broadcast(&rt->life.cond);
+  pthread_mutex_unlock(&rt->life.lock);
+}
+
 static int run(weft_rt *rt, uint64_t deadline) {
   struct weft__sim *m = rt->sim;
   for (;;) {
@@ -840,6 +860,7 @@ static int run(weft_rt *rt, uint64_t deadline) {
       return 0;
     }
     uint64_t now = weft__now_ns();
+    wake_due(rt, m, now);
     unsigned n = steppable(rt, m), jobs = weft__blocking_sim_queued(rt);
     uint64_t next = next_deadline(rt);
     bool work = have_work(rt, next, now);
@@ -885,6 +906,7 @@ static void run_stalled(weft_rt *rt, struct weft__sim *m, uint64_t until) {
     uint64_t now = weft__now_ns();
     if (now >= until)
       return;
+    wake_due(rt, m, now);
     uint64_t look = looks(rt, m, now), to = look < until ? look : until;
     unsigned n = steppable(rt, m), jobs = weft__blocking_sim_queued(rt);
     uint64_t next = next_deadline(rt);
@@ -957,10 +979,43 @@ int weft_sim_stall(uint64_t ns) {
   return rt ? -EPERM : -ENOTSUP;
 }
 
+/* The simulation this thread drives, if any: a wait on the driver's own
+ * thread (a blocking job's, an on_stall's) is a call inside a step, as a
+ * stall is, and runs the simulation on from there; it must not sleep
+ * until the driver, itself, returns. */
+static _Thread_local struct weft__sim *tl_driving;
+
 int weft__sim_run(weft_rt *rt, uint64_t deadline) {
-  rt->sim->running = true;
+  struct weft__sim *m = rt->sim;
+  if (tl_driving == m)
+    return run(rt, deadline);
+  pthread_mutex_lock(&rt->life.lock);
+  for (;;) {
+    if (weft__load(&rt->life.done, WA_ACQ)) {
+      pthread_mutex_unlock(&rt->life.lock);
+      return 0;
+    }
+    if (!m->driving)
+      break;
+    if (weft__now_ns() >= deadline) {
+      pthread_mutex_unlock(&rt->life.lock);
+      return -ETIMEDOUT;
+    }
+    if (deadline < weft__load(&m->wake_at, WA_RLX))
+      weft__store(&m->wake_at, deadline, WA_RLX);
+    pthread_cond_wait(&rt->life.cond, &rt->life.lock);
+  }
+  m->driving = true;
+  pthread_mutex_unlock(&rt->life.lock);
+  tl_driving = m;
+  m->running = true;
   int r = run(rt, deadline);
-  rt->sim->running = false;
+  m->running = false;
+  tl_driving = NULL;
+  pthread_mutex_lock(&rt->life.lock);
+  m->driving = false;
+  pthread_cond_broadcast(&rt->life.cond); /* a sleeper drives on */
+  pthread_mutex_unlock(&rt->life.lock);
   return r;
 }
 

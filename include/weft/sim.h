@@ -25,7 +25,15 @@
  * to the next timer's deadline, so an hour of timeouts passes in
  * milliseconds. weft_rt_wait's timeout is virtual too: when nothing is
  * left to run before it, the clock jumps to it. What main posts or starts
- * before the wait is taken in when the wait begins.
+ * before the wait is taken in when the wait begins. One thread runs the
+ * simulation at a time: while several wait at once (weft_rt_wait and
+ * weft_rt_shutdown from any thread), one runs it and the others sleep
+ * until the shutdown has finished, their timeout has passed on the
+ * virtual clock, or the running thread's wait returns, when one of them
+ * runs it on. A wait on the running thread itself (a blocking job's,
+ * which a simulation runs there, or on_stall's) runs the simulation on
+ * from inside that step, as a stall does (weft_sim_stall), faults
+ * included, until it returns.
  *
  * The same program and seed call the same handlers in the same order at
  * the same virtual times, in any process. weft_sim_info.log_hash sums
