@@ -107,9 +107,11 @@ struct seen {
 
 struct weft__sim {
   uint64_t seed, rng;
-  uint64_t steps, handlers, hash, faults;
+  /* Written by the driver only (one at a time: driving), read by
+   * weft_rt_sim_info from any thread: relaxed, as statistics are; a
+   * reader beside a driver may see each from a different step. */
+  _Atomic uint64_t steps, handlers, hash, faults;
   unsigned fault_kinds, fault_odds;
-  bool running; /* in weft__sim_run: faults strike only then */
   /* One thread drives at a time: the others that wait (weft_rt_wait,
    * weft_rt_shutdown, from any thread) sleep on life.cond until the run
    * is done, their timeout passes or the driver returns, and then one of
@@ -189,10 +191,12 @@ static void hash_word(uint64_t *h, uint64_t w) {
 static void record(struct weft__sim *m, uint64_t t, int shard, const void *fn,
                    const void *strand) {
   uint32_t f = idmap_get(&m->fns, fn), s = idmap_get(&m->strands, strand);
-  hash_word(&m->hash, t);
-  hash_word(&m->hash, (uint64_t)(shard + 1));
-  hash_word(&m->hash, f);
-  hash_word(&m->hash, s);
+  uint64_t h = weft__load(&m->hash, WA_RLX);
+  hash_word(&h, t);
+  hash_word(&h, (uint64_t)(shard + 1));
+  hash_word(&h, f);
+  hash_word(&h, s);
+  weft__store(&m->hash, h, WA_RLX);
   if (m->log) {
     char name[256];
     fprintf(m->log, "%" PRIu64 " %d f%u %s s%u\n", t, shard, f,
@@ -207,7 +211,7 @@ void weft__sim_note(weft_rt *rt, int shard, const void *fn,
    * turn lets the clock, and a timer due meanwhile, move on. */
   uint64_t span = 1 + rnd(m) % STEP_NS_MAX;
   uint64_t t = weft__fetch_add(&weft__sim_clock, span, WA_RLX) + span;
-  m->handlers++;
+  weft__stat_add(&m->handlers, 1);
   record(m, t - CLOCK_BASE, shard, fn, strand);
 }
 
@@ -392,7 +396,7 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
   m->fault_kinds = c->sim_faults;
   m->fault_odds = c->sim_fault_odds;
   m->monitor = !(c->flags & WEFT_CONFIG_NO_MONITOR);
-  m->hash = 0xcbf29ce484222325ull;
+  weft__store(&m->hash, 0xcbf29ce484222325ull, WA_RLX);
   const char *path = getenv("WEFT_SIM_LOG");
   if (path && *path && !(m->log = fopen(path, "w")))
     weft__log(rt, WEFT_LOG_WARN, "WEFT_SIM_LOG: cannot open %s: %s", path,
@@ -428,14 +432,24 @@ void weft__sim_detach(weft_rt *rt) {
   free(m);
 }
 
+/* The simulation this thread drives, if any: a wait on the driver's own
+ * thread (a blocking job's, an on_stall's) is a call inside a step, as a
+ * stall is, and runs the simulation on from there; it must not sleep
+ * until the driver, itself, returns. Faults strike on this thread only. */
+static _Thread_local struct weft__sim *tl_driving;
+
 bool weft__sim_fault(weft_rt *rt, unsigned kind) {
   struct weft__sim *m = rt->sim;
   /* No draw for a kind that is off: runs without faults stay as they
-   * were. None while the program sets up, before its wait: a listen or
-   * a strand made by main is not what a test means to fail. */
-  if (!m || !m->running || !(m->fault_kinds & kind) || rnd(m) % m->fault_odds)
+   * were. None but on the driver's thread, while it drives: not while
+   * the program sets up, before its wait (a listen or a strand made by
+   * main is not what a test means to fail), and not in another thread's
+   * call during a wait (the PRNG is the driver's, and a draw at a moment
+   * of another thread's would change the run from one time to the next). */
+  if (!m || tl_driving != m || !(m->fault_kinds & kind) ||
+      rnd(m) % m->fault_odds)
     return false;
-  m->faults++;
+  weft__stat_add(&m->faults, 1);
   return true;
 }
 
@@ -672,15 +686,16 @@ static bool handoff(weft_rt *rt, struct weft__shard *sh, struct weft__thread *t,
  * handoff, a report; hashed as the calls are. */
 static void event(struct weft__sim *m, const char *what, unsigned thread,
                   int shard, uint64_t v) {
-  uint64_t t = weft__now_ns() - CLOCK_BASE;
-  hash_word(&m->hash, t);
+  uint64_t t = weft__now_ns() - CLOCK_BASE, h = weft__load(&m->hash, WA_RLX);
+  hash_word(&h, t);
   for (const char *c = what; *c; c++) {
-    m->hash ^= (unsigned char)*c;
-    m->hash *= 0x100000001b3ull;
+    h ^= (unsigned char)*c;
+    h *= 0x100000001b3ull;
   }
-  hash_word(&m->hash, thread);
-  hash_word(&m->hash, (uint64_t)(shard + 1));
-  hash_word(&m->hash, v);
+  hash_word(&h, thread);
+  hash_word(&h, (uint64_t)(shard + 1));
+  hash_word(&h, v);
+  weft__store(&m->hash, h, WA_RLX);
   if (m->log)
     fprintf(m->log, "%" PRIu64 " %d %s thread %u %" PRIu64 "\n", t, shard, what,
             thread, v);
@@ -779,7 +794,7 @@ static void step(weft_rt *rt, struct weft__sim *m, unsigned n, unsigned jobs) {
   } else {
     weft__blocking_sim_step(rt, (unsigned)((r >> 32) % jobs));
   }
-  m->steps++;
+  weft__stat_add(&m->steps, 1);
   weft__fetch_add(&weft__sim_clock, 1 + (r >> 8) % STEP_NS_MAX, WA_RLX);
 }
 
@@ -979,12 +994,6 @@ int weft_sim_stall(uint64_t ns) {
   return rt ? -EPERM : -ENOTSUP;
 }
 
-/* The simulation this thread drives, if any: a wait on the driver's own
- * thread (a blocking job's, an on_stall's) is a call inside a step, as a
- * stall is, and runs the simulation on from there; it must not sleep
- * until the driver, itself, returns. */
-static _Thread_local struct weft__sim *tl_driving;
-
 int weft__sim_run(weft_rt *rt, uint64_t deadline) {
   struct weft__sim *m = rt->sim;
   if (tl_driving == m)
@@ -1008,9 +1017,7 @@ int weft__sim_run(weft_rt *rt, uint64_t deadline) {
   m->driving = true;
   pthread_mutex_unlock(&rt->life.lock);
   tl_driving = m;
-  m->running = true;
   int r = run(rt, deadline);
-  m->running = false;
   tl_driving = NULL;
   pthread_mutex_lock(&rt->life.lock);
   m->driving = false;
@@ -1028,10 +1035,10 @@ int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out, size_t size) {
   weft_sim_info s = {
       .seed = m->seed,
       .now_ns = weft__now_ns(),
-      .steps = m->steps,
-      .handlers = m->handlers,
-      .log_hash = m->hash,
-      .faults = m->faults,
+      .steps = weft__load(&m->steps, WA_RLX),
+      .handlers = weft__load(&m->handlers, WA_RLX),
+      .log_hash = weft__load(&m->hash, WA_RLX),
+      .faults = weft__load(&m->faults, WA_RLX),
   };
   memcpy(out, &s, size < sizeof(s) ? size : sizeof(s));
   if (size > sizeof(s))

@@ -11,6 +11,11 @@
  *  - test_timeout_while_another_drives: a thread's wait with a timeout
  *    returns -ETIMEDOUT once the virtual clock passes it, while main
  *    drives on (or drives on after it, if that thread drove first).
+ *  - test_posts_from_other_thread: with every draw a fault (ENOMEM at odds
+ *    1), another thread's posts during a wait still succeed and run: the
+ *    simulation draws faults on its driver's thread only. That thread
+ *    reads weft_rt_sim_info meanwhile (a race under TSan before): its
+ *    counts never go back.
  *  - test_nested_wait_keeps_faults: a blocking job (which a simulation
  *    runs on the driver's thread) waits too; when its wait returns, the
  *    outer wait's faults still strike.
@@ -157,6 +162,92 @@ static void test_timeout_while_another_drives(void **state) {
   assert_int_equal(weft_rt_destroy(g_rt), 0);
 }
 
+/* ---- another thread's posts and reads during a wait --------------------- */
+
+static atomic_int g_started, g_posted_all;
+static atomic_long g_other_ran;
+
+static void other_work(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&g_other_ran, 1);
+}
+
+static void other_cancel(void *arg) {
+  (void)arg;
+  TU_CHECK(!"a post of the other thread cancelled");
+}
+
+static void watch_tick(void *arg, int status, uint64_t missed) {
+  (void)arg;
+  (void)missed;
+  if (status)
+    return;
+  atomic_store(&g_started, 1);
+  if (atomic_load(&g_posted_all) ||
+      tu_now_ns() - g_real_t0 > (uint64_t)TU_WAIT_S / 2 * SEC) {
+    int r = weft_rt_shutdown(g_rt, WEFT_SHUTDOWN_NOWAIT);
+    TU_CHECK(r == 0 || r == -EALREADY);
+  }
+}
+
+struct poster {
+  weft_strand *s;
+  long n, refused;
+  uint64_t seed;
+};
+
+static void *poster_main(void *arg) {
+  struct poster *p = arg;
+  uint64_t t0 = tu_now_ns(), steps = 0, handlers = 0;
+  /* Posts while the wait runs the simulation, not before. */
+  while (!atomic_load(&g_started) &&
+         tu_now_ns() - t0 < (uint64_t)TU_WAIT_S / 4 * SEC)
+    tu_sleep_ms(1);
+  TU_CHECK(atomic_load(&g_started));
+  for (long i = 0; i < p->n; i++) {
+    int r = weft_post_ex(p->s, other_work, other_cancel, NULL);
+    TU_CHECKF(r == 0, "post %ld from another thread: %d", i, r);
+    p->refused += r != 0;
+    weft_sim_info si;
+    TU_CHECK(weft_rt_sim_info(g_rt, &si) == 0);
+    TU_CHECK(si.seed == p->seed);
+    TU_CHECK(si.steps >= steps && si.handlers >= handlers);
+    steps = si.steps;
+    handlers = si.handlers;
+  }
+  atomic_store(&g_posted_all, 1);
+  return NULL;
+}
+
+static void test_posts_from_other_thread(void **state) {
+  (void)state;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.sim_seed = 11;
+  cfg.sim_faults = WEFT_SIM_FAULT_ENOMEM;
+  cfg.sim_fault_odds = 1;
+  assert_int_equal(weft_rt_create(&g_rt, &cfg), 0);
+  struct poster p = {.n = (long)TU_SCALED(20000, 2000), .seed = 11};
+  assert_int_equal(weft_strand_create(g_rt, &p.s), 0);
+  weft_timer *t;
+  assert_int_equal(weft_timer_create(g_rt, NULL, &t), 0);
+  assert_int_equal(weft_timer_start(t, MS, MS, watch_tick, NULL), 0);
+  atomic_store(&g_started, 0);
+  atomic_store(&g_posted_all, 0);
+  atomic_store(&g_other_ran, 0);
+  g_real_t0 = tu_now_ns();
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, poster_main, &p), 0);
+  assert_int_equal(weft_rt_wait(g_rt, UINT64_MAX), 0);
+  pthread_join(th, NULL);
+  assert_int_equal(p.refused, 0);
+  assert_int_equal(atomic_load(&g_other_ran), p.n);
+  TU_ASSERT_NO_ASYNC_ERRORS();
+  weft_timer_destroy(t);
+  weft_strand_release(p.s);
+  assert_int_equal(weft_rt_destroy(g_rt), 0);
+}
+
 /* ---- a wait inside the driver's own steps ------------------------------ */
 
 static int g_phase; /* 0 until the job's done, then 1 */
@@ -221,6 +312,7 @@ int main(void) {
       cmocka_unit_test(test_two_waiters),
       cmocka_unit_test(test_shutdown_from_other_thread),
       cmocka_unit_test(test_timeout_while_another_drives),
+      cmocka_unit_test(test_posts_from_other_thread),
       cmocka_unit_test(test_nested_wait_keeps_faults),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

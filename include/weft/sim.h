@@ -91,8 +91,9 @@
 
 /* Faults a simulation injects (weft_config.sim_faults), each where the
  * kernel could have caused it, so the code under test meets it as it
- * would for real; only while the simulation runs (in a wait), never in
- * what main does before it. */
+ * would for real; only on the thread that runs the simulation while it
+ * runs (in a wait), never in what main does before it, nor in the calls
+ * of other threads meanwhile (their posts, say). */
 #define WEFT_SIM_FAULT_REFUSE 1u /* a connect fails with -ECONNREFUSED */
 /* A connection breaks before a receive or a send: both ends see it end
  * (end of file, -EPIPE). */
@@ -131,7 +132,9 @@ typedef struct weft_sim_info {
 } weft_sim_info;
 
 /* Reads rt's simulation state. Errors: -EINVAL (rt or out NULL),
- * -ENOTSUP (rt is not simulated). Any thread. */
+ * -ENOTSUP (rt is not simulated). Any thread; from one other than the
+ * thread running the simulation, each count is a recent one, perhaps of
+ * another step than its neighbours'. */
 WEFT_API int weft_rt_sim_info_sized(weft_rt *rt, weft_sim_info *out,
                                     size_t size);
 static inline int weft_rt_sim_info(weft_rt *rt, weft_sim_info *out) {
