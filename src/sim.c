@@ -125,10 +125,13 @@ struct weft__sim {
   struct stall *stalls; /* the innermost stall under way, or NULL */
   unsigned nstalls;
   uint64_t last_print, suppressed; /* stall lines, one a second (monitor.c) */
-  unsigned *can;      /* the shards a step may take (steppable), nshards long */
-  struct seen *seen;  /* per thread slot, th.max long */
-  unsigned serial;    /* the simulated host's, in its socket names */
-  uint32_t next_port; /* the next ephemeral port */
+  unsigned *can;     /* the shards a step may take (steppable), nshards long */
+  struct seen *seen; /* per thread slot, th.max long */
+  unsigned serial;   /* the simulated host's, in its socket names */
+  /* Ephemeral ports taken, of every kind: the next is FIRST_PORT plus
+   * this, wrapped. Atomic: a connect or a listen may come from a thread
+   * other than the driver's (which a seed does not repeat). */
+  _Atomic uint32_t ports_taken;
   struct idmap fns, strands;
   FILE *log; /* WEFT_SIM_LOG, or NULL */
 };
@@ -392,7 +395,6 @@ int weft__sim_attach(weft_rt *rt, const weft_config *c) {
   pthread_once(&once, crash_line_install);
   m->seed = m->rng = seed;
   weft__store(&m->wake_at, UINT64_MAX, WA_RLX);
-  m->next_port = FIRST_PORT;
   m->fault_kinds = c->sim_faults;
   m->fault_odds = c->sim_fault_odds;
   m->monitor = !(c->flags & WEFT_CONFIG_NO_MONITOR);
@@ -472,10 +474,8 @@ static unsigned name_of(struct weft__sim *m, char kind, unsigned port,
 }
 
 static uint16_t next_port(struct weft__sim *m) {
-  uint32_t p = m->next_port++;
-  if (m->next_port > 65535)
-    m->next_port = FIRST_PORT;
-  return (uint16_t)p;
+  uint32_t n = weft__fetch_add(&m->ports_taken, 1, WA_RLX);
+  return (uint16_t)(FIRST_PORT + n % (65536 - FIRST_PORT));
 }
 
 /* Whether no socket of type holds name un: a probe binds it and lets it
@@ -492,8 +492,21 @@ static bool name_free(const struct sockaddr_un *un, unsigned len, int type) {
   return ok;
 }
 
-/* The name of in's port, of kind; pick: a port 0 takes the next one that
- * nobody holds, as a kernel's pick passes over ports bound explicitly. */
+/* The next ephemeral port of kind that nobody holds, as a kernel's pick
+ * passes over ports held, its name into un; 0 when every one is held. */
+static uint16_t pick_port(struct weft__sim *m, char kind,
+                          struct sockaddr_un *un, unsigned *unlen) {
+  for (unsigned tries = 0; tries < 65536 - FIRST_PORT; tries++) {
+    uint16_t port = next_port(m);
+    *unlen = name_of(m, kind, port, un);
+    if (name_free(un, *unlen, kind == 'u' ? SOCK_DGRAM : SOCK_STREAM))
+      return port;
+  }
+  return 0;
+}
+
+/* The name of in's port, of kind; pick: a port 0 takes the next free one
+ * (pick_port). */
 static int port_name(weft_rt *rt, struct sockaddr_storage *in, char kind,
                      bool pick, struct sockaddr_un *un, unsigned *unlen) {
   in_port_t *pp;
@@ -507,15 +520,11 @@ static int port_name(weft_rt *rt, struct sockaddr_storage *in, char kind,
     *unlen = name_of(rt->sim, kind, ntohs(*pp), un);
     return 0;
   }
-  for (unsigned tries = 0; tries < 65536 - FIRST_PORT; tries++) {
-    uint16_t port = next_port(rt->sim);
-    *unlen = name_of(rt->sim, kind, port, un);
-    if (name_free(un, *unlen, kind == 'u' ? SOCK_DGRAM : SOCK_STREAM)) {
-      *pp = htons(port);
-      return 0;
-    }
-  }
-  return -EADDRINUSE; /* every ephemeral port is held */
+  uint16_t port = pick_port(rt->sim, kind, un, unlen);
+  if (!port)
+    return -EADDRINUSE; /* a bind's answer when every port is held */
+  *pp = htons(port);
+  return 0;
 }
 
 int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
@@ -530,8 +539,10 @@ int weft__sim_udp_name(weft_rt *rt, struct sockaddr_storage *udp,
 
 int weft__sim_tcp_bind_client(weft_rt *rt, int fd) {
   struct sockaddr_un un;
-  uint16_t port = next_port(rt->sim);
-  unsigned len = name_of(rt->sim, 'c', port, &un);
+  unsigned len;
+  uint16_t port = pick_port(rt->sim, 'c', &un, &len);
+  if (!port)
+    return -EADDRNOTAVAIL; /* a connect's answer when every port is held */
   if (bind(fd, (struct sockaddr *)&un, len) < 0)
     return -errno;
   return port;

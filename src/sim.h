@@ -69,8 +69,9 @@ int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
  * the next free port, written back into udp. -ENOTSUP as above. */
 int weft__sim_udp_name(weft_rt *rt, struct sockaddr_storage *udp,
                        struct sockaddr_un *un, unsigned *unlen, bool bind);
-/* Binds connecting socket fd to the name of a new client port, which it
- * returns (or -errno). */
+/* Binds connecting socket fd to the name of a client port nobody holds,
+ * which it returns; -EADDRNOTAVAIL when every ephemeral port is held, or
+ * bind's -errno. */
 int weft__sim_tcp_bind_client(weft_rt *rt, int fd);
 /* The port a simulated name holds (a peer's, from getpeername or a
  * datagram's source), or 0. */

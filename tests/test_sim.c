@@ -3,7 +3,9 @@
  * weft_sim library): a seed gives one run, handler for handler, and its
  * log; other seeds give other interleavings; virtual time jumps to the
  * next deadline; the waits, a cancelling shutdown and what a simulation
- * refuses behave as documented; a crash names its seed.
+ * refuses behave as documented; a crash names its seed; a client's port
+ * is one nobody holds, after the ephemeral ports wrap too
+ * (test_client_ports_wrap).
  *
  * The workload is a small bank: accounts on strands of their own, each
  * sending a chain of transfers to others (a debit on its strand, then a
@@ -677,6 +679,107 @@ static void test_unix_sockets_faults(void **state) {
   }
 }
 
+/* ---- the simulated host's client ports --------------------------------- */
+
+#define WRAP_CONNECTS (65536u - 32768u + 1u) /* the last one after the wrap */
+
+struct wrap {
+  weft_rt *rt;
+  weft_strand *s;
+  struct sockaddr_in to;
+  unsigned done, failed;
+  int first_err;
+  uint16_t kept_port, after_port; /* connect 1's and the wrap's */
+  weft_tcp *kept;
+};
+
+static void wrap_next(void *arg);
+
+static uint16_t local_port(weft_tcp *c) {
+  struct sockaddr_in a;
+  unsigned len = sizeof(a);
+  TU_CHECK(weft_tcp_local_addr(c, (struct sockaddr *)&a, &len) == 0);
+  return ntohs(a.sin_port);
+}
+
+static void wrap_failed(struct wrap *w, int err) {
+  if (!w->failed++)
+    w->first_err = err;
+}
+
+static void wrap_connected(void *arg, weft_tcp *c, int status) {
+  struct wrap *w = arg;
+  if (status)
+    wrap_failed(w, status);
+  else if (w->done == 1)
+    w->kept_port = local_port(c);
+  else if (w->done == WRAP_CONNECTS)
+    w->after_port = local_port(c);
+  if (w->done == 1 && !status)
+    w->kept = c;
+  else
+    weft_tcp_close(c, 0);
+  TU_CHECK(weft_post(w->s, wrap_next, w) == 0);
+}
+
+static void wrap_next(void *arg) {
+  struct wrap *w = arg;
+  if (w->done == WRAP_CONNECTS) {
+    if (w->kept)
+      weft_tcp_close(w->kept, 0);
+    TU_CHECK(weft_rt_shutdown(w->rt, WEFT_SHUTDOWN_NOWAIT) == 0);
+    return;
+  }
+  w->done++;
+  weft_tcp *c;
+  int r = weft_tcp_connect(w->rt, w->s, (struct sockaddr *)&w->to,
+                           sizeof(w->to), 0, wrap_connected, w, &c);
+  if (r) {
+    wrap_failed(w, r);
+    TU_CHECK(weft_post(w->s, wrap_next, w) == 0);
+  }
+}
+
+static void close_accepted(void *arg, weft_tcp *c) {
+  (void)arg;
+  weft_tcp_close(c, 0);
+}
+
+/* A client's port is one nobody holds: once the ports wrap, a connect
+ * passes over the port a live connection still has (it failed with
+ * -EADDRINUSE). */
+static void test_client_ports_wrap(void **state) {
+  (void)state;
+  struct wrap *w = calloc(1, sizeof(*w));
+  assert_non_null(w);
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.sim_seed = 1;
+  assert_int_equal(weft_rt_create(&w->rt, &cfg), 0);
+  /* An explicit port: the listener takes no ephemeral one. */
+  w->to = (struct sockaddr_in){.sin_family = AF_INET,
+                               .sin_port = htons(8080),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  weft_listener *l;
+  assert_int_equal(weft_tcp_listen(w->rt, (struct sockaddr *)&w->to,
+                                   sizeof(w->to), NULL, close_accepted, NULL,
+                                   &l),
+                   0);
+  assert_int_equal(weft_strand_create(w->rt, &w->s), 0);
+  assert_int_equal(weft_post(w->s, wrap_next, w), 0);
+  assert_int_equal(weft_rt_wait(w->rt, UINT64_MAX), 0);
+  if (w->failed)
+    fail_msg("%u of %u connects failed, the first with %d", w->failed, w->done,
+             w->first_err);
+  assert_int_equal(w->done, WRAP_CONNECTS);
+  assert_int_equal(w->kept_port, 32768);
+  assert_int_equal(w->after_port, 32769); /* 32768 was still held */
+  TU_ASSERT_NO_ASYNC_ERRORS();
+  weft_strand_release(w->s);
+  assert_int_equal(weft_rt_destroy(w->rt), 0);
+  free(w);
+}
+
 static weft_rt *sim_rt(uint64_t seed) {
   weft_config cfg;
   weft_config_init(&cfg);
@@ -887,6 +990,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_unix_sockets),
       cmocka_unit_test(test_unix_sockets_faults),
       cmocka_unit_test(test_tcp_sockets),
+      cmocka_unit_test(test_client_ports_wrap),
       cmocka_unit_test(test_virtual_time),
       cmocka_unit_test(test_cancel_shutdown),
       cmocka_unit_test(test_refusals),

@@ -50,7 +50,10 @@
  * and TCP ones (IPv4 or IPv6) as ports of one simulated host, each a
  * Unix stream socket underneath: every address of the host is the same
  * one, a port 0 listener gets the next free port (weft_listener_addr
- * tells which), a connect to a port nobody listens on is refused, the
+ * tells which), a connect's own port is the next one nobody holds
+ * (ephemeral ports are 32768-65535; when every one is held,
+ * weft_tcp_connect fails with -EADDRNOTAVAIL, as a kernel's connect
+ * does), a connect to a port nobody listens on is refused, the
  * connections' addresses read as the loopback address of their family
  * with their ports, and TCP options succeed. UDP sockets are ports of
  * the same host (a port space of their own), each a Unix datagram socket
