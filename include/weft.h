@@ -247,16 +247,19 @@ typedef struct weft_config {
   int stall_signal;
   /* Nonzero: a simulated runtime, driven by a PRNG seeded with this (see
    * "Simulation" below). Only the weft_sim library simulates; others
-   * fail weft_rt_create with -ENOTSUP. 0: in the weft_sim library, the
-   * environment variable WEFT_SIM_SEED if it is set (a nonzero number),
-   * else a real runtime. */
+   * fail weft_rt_create with -ENOTSUP. In the weft_sim library the
+   * environment variable WEFT_SIM_SEED, if it is set (a nonzero number;
+   * weft_rt_create fails with -EINVAL for another value), overrides this,
+   * so that a run a crash line names replays whatever seed the program
+   * sets, and seeds a runtime for which this is 0; 0 and no WEFT_SIM_SEED:
+   * a real runtime. */
   uint64_t sim_seed;
   /* A simulation's faults: WEFT_SIM_FAULT_* bits (0: the environment
    * variable WEFT_SIM_FAULTS, a comma-separated list of refuse, break,
-   * emfile, smallbuf, enomem, delay, or all; else none). Each kind enabled
-   * strikes at one in sim_fault_odds of its chances, drawn from the seed (0:
-   * 64; the environment's WEFT_SIM_FAULT_ODDS if set). Ignored by real
-   * runtimes. */
+   * emfile, smallbuf, enomem, delay, stall, drop, or all; else none).
+   * Each kind enabled strikes at one in sim_fault_odds of its chances,
+   * drawn from the seed (0: 64; the environment's WEFT_SIM_FAULT_ODDS if
+   * set). Ignored by real runtimes. */
   unsigned sim_faults;
   unsigned sim_fault_odds;
 } weft_config;

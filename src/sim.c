@@ -320,11 +320,12 @@ static int env_u64(const char *name, uint64_t *out) {
 }
 
 int weft__sim_config(weft_config *c) {
-  if (!c->sim_seed) {
-    int r = env_u64("WEFT_SIM_SEED", &c->sim_seed);
-    if (r <= 0)
-      return r;
-  }
+  /* The environment's seed wins over the configuration's, so that the
+   * crash line's advice (on_crash) replays a run whatever seed the
+   * program sets. */
+  int r = env_u64("WEFT_SIM_SEED", &c->sim_seed);
+  if (r < 0 || !c->sim_seed)
+    return r;
   const char *env = getenv("WEFT_SIM_FAULTS");
   if (!c->sim_faults && env && faults_parse(env, &c->sim_faults))
     return -EINVAL;

@@ -26,7 +26,8 @@
 struct weft__sim;
 
 #ifdef WEFT_SIM
-/* Resolves cfg->sim_seed (0: WEFT_SIM_SEED from the environment) and, if
+/* Resolves cfg->sim_seed (WEFT_SIM_SEED from the environment, where set,
+ * overrides it: a crash line's replay) and, if
  * the runtime is to be simulated, its faults (WEFT_SIM_FAULTS,
  * WEFT_SIM_FAULT_ODDS) and what simulation fixes: no monitor thread (the
  * driver makes its looks), no timer spin, no recorder, the epoll backend (Unix

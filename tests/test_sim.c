@@ -3,9 +3,10 @@
  * weft_sim library): a seed gives one run, handler for handler, and its
  * log; other seeds give other interleavings; virtual time jumps to the
  * next deadline; the waits, a cancelling shutdown and what a simulation
- * refuses behave as documented; a crash names its seed; a client's port
- * is one nobody holds, after the ephemeral ports wrap too
- * (test_client_ports_wrap).
+ * refuses behave as documented; WEFT_SIM_SEED overrides the seed a
+ * configuration sets (the crash line's replay); a crash names its seed;
+ * a client's port is one nobody holds, after the ephemeral ports wrap
+ * too (test_client_ports_wrap).
  *
  * The workload is a small bank: accounts on strands of their own, each
  * sending a chain of transfers to others (a debit on its strand, then a
@@ -936,8 +937,15 @@ static void test_refusals(void **state) {
   assert_int_equal(si.seed, 42);
   assert_int_equal(weft_rt_workers(rt), 4);
   assert_int_equal(weft_rt_destroy(rt), 0);
+  /* And overrides the configuration's, as the crash line's replay needs. */
+  cfg.sim_seed = 6;
+  assert_int_equal(weft_rt_create(&rt, &cfg), 0);
+  assert_int_equal(weft_rt_sim_info(rt, &si), 0);
+  assert_int_equal(si.seed, 42);
+  assert_int_equal(weft_rt_destroy(rt), 0);
   setenv("WEFT_SIM_SEED", "forty-two", 1);
   assert_int_equal(weft_rt_create(&rt, NULL), -EINVAL);
+  assert_int_equal(weft_rt_create(&rt, &cfg), -EINVAL);
   unsetenv("WEFT_SIM_SEED");
 }
 

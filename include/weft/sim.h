@@ -13,9 +13,10 @@
 /* ---- simulation ----------------------------------------------------------
  * For tests. The weft_sim library (CMake: weft::weft_sim; -lweft_sim) is
  * weft built for it. A runtime created there with weft_config.sim_seed
- * (or WEFT_SIM_SEED) starts no thread: its shards run on the thread that
- * waits for it, in weft_rt_wait, weft_rt_shutdown without
- * WEFT_SHUTDOWN_NOWAIT and weft_rt_destroy, one step at a time. A step is
+ * (or WEFT_SIM_SEED, which overrides it) starts no thread: its shards
+ * run on the thread that waits for it, in weft_rt_wait, weft_rt_shutdown
+ * without WEFT_SHUTDOWN_NOWAIT and weft_rt_destroy, one step at a time.
+ * A step is
  * a shard running its next run-queue item (a strand's turn, a timer's
  * firing, a post from outside; a shard with none of its own steals), or a
  * queued blocking job running. A PRNG seeded with sim_seed chooses each
@@ -41,8 +42,9 @@
  * (virtual ns, shard or -1 for a blocking job, function, strand, each
  * numbered by first appearance), to compare two runs (each simulated
  * runtime writes the file anew). A run that crashes (an assert, a fault)
- * prints its seed and how to replay it first, if the application left
- * that signal's action at its default.
+ * prints its seed and how to replay it first (WEFT_SIM_SEED=N, which
+ * every simulated runtime of the process then takes), if the application
+ * left that signal's action at its default.
  *
  * The network is the kernel's Unix sockets: between two sockets of one
  * process its answers follow from the calls alone, so they replay too.
