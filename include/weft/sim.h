@@ -92,7 +92,13 @@
  * end (nothing to run, no timer armed, no shutdown started, no timeout)
  * returns -EDEADLK and logs why. Posts from other threads of the
  * application during a wait are taken in when they come, which a seed
- * does not repeat. */
+ * does not repeat. Simulated TCP answers as its Unix socket underneath
+ * does in two places where real TCP would not: a connect to a TCP port
+ * whose listener's backlog is full completes at once with -EAGAIN (real
+ * TCP retransmits its SYN until the listener accepts or the attempt times
+ * out, so its connect completes later, usually with 0); and an abortive
+ * weft_tcp_close sends no RST, so the peer sees an orderly end (a read
+ * gets 0, not -ECONNRESET) once it has read what was sent. */
 
 /* Faults a simulation injects (weft_config.sim_faults), each where the
  * kernel could have caused it, so the code under test meets it as it
