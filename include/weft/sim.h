@@ -31,10 +31,11 @@
  * weft_rt_shutdown from any thread), one runs it and the others sleep
  * until the shutdown has finished, their timeout has passed on the
  * virtual clock, or the running thread's wait returns, when one of them
- * runs it on. A wait on the running thread itself (a blocking job's,
- * which a simulation runs there, or on_stall's) runs the simulation on
- * from inside that step, as a stall does (weft_sim_stall), faults
- * included, until it returns.
+ * runs it on. A blocking job, which a simulation runs on the running
+ * thread, gets -EDEADLK from a wait, as in a real runtime; a wait from
+ * on_stall, which also runs there, runs the simulation on from inside that
+ * step, as a stall does (weft_sim_stall), faults included, until it
+ * returns.
  *
  * The same program and seed call the same handlers in the same order at
  * the same virtual times, in any process. weft_sim_info.log_hash sums
