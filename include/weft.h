@@ -361,11 +361,11 @@ WEFT_API int weft_strand_create(weft_rt *rt, weft_strand **s);
  * at shutdown), and so do the callbacks of operations still in flight that
  * complete on it (weft_blocking's done, weft_resolve, weft_fs_*) and of
  * the sockets and child processes made on it, their close and exit
- * callbacks included; the memory is reclaimed after the last of them. Posting to a
- * released strand is a bug: while its handlers are pending it fails with
- * -EBADF; after that, debug builds (WEFT_DEBUG) still catch it with -EBADF
- * and release builds have undefined behaviour. Releasing twice is a bug of
- * the same kind. Any thread, handlers of s included. */
+ * callbacks included; the memory is reclaimed after the last of them.
+ * Posting to a released strand is a bug: while its handlers are pending it
+ * fails with -EBADF; after that, debug builds (WEFT_DEBUG) still catch it with
+ * -EBADF and release builds have undefined behaviour. Releasing twice is a bug
+ * of the same kind. Any thread, handlers of s included. */
 WEFT_API void weft_strand_release(weft_strand *s);
 
 /* Posts fn(arg) to run on strand s. Never runs fn before returning.
