@@ -107,6 +107,7 @@ struct weft__cqe {
 #define WEFT_IO_IN 1u  /* readable, hang-up or error */
 #define WEFT_IO_OUT 2u /* writable, hang-up or error */
 #define WEFT_IO_HUP 4u /* the peer closed its side, or an error */
+#define WEFT_IO_PRI 8u /* epoll: urgent (TCP out-of-band) data arrived */
 
 /* Embedded in whatever makes operations. done runs on the thread that
  * holds the shard whose backend completed the operation (local); the owner

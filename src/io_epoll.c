@@ -72,7 +72,7 @@ static int wait_ms(const struct timespec *tsp) {
 
 int weft__epoll_watch(struct weft__io *io, int fd, struct weft__ioh *h,
                       uint32_t gen, bool out) {
-  struct epoll_event ev = {.events = EPOLLIN | EPOLLET};
+  struct epoll_event ev = {.events = EPOLLIN | EPOLLPRI | EPOLLET};
   if (out)
     ev.events |= EPOLLOUT | EPOLLRDHUP;
   ev.data.u64 = (uint64_t)(uintptr_t)h | ((uint64_t)(uint16_t)gen << GEN_SHIFT);
@@ -118,6 +118,8 @@ static void dispatch_one(struct weft__io *io, uint64_t data, uint32_t events,
   struct weft__cqe c = {.gen = (uint32_t)(data >> GEN_SHIFT)};
   if (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))
     c.events |= WEFT_IO_IN;
+  if (events & EPOLLPRI)
+    c.events |= WEFT_IO_IN | WEFT_IO_PRI;
   if (events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
     c.events |= WEFT_IO_HUP;
   if (events & (EPOLLOUT | EPOLLHUP | EPOLLERR))

@@ -856,6 +856,10 @@ int weft_listener_addr(weft_listener *l, struct sockaddr *addr,
   return 0;
 }
 
+int weft__listener_family(const struct weft_listener *l) {
+  return l->addr.ss_family;
+}
+
 #ifdef WEFT_SIM
 bool weft__listener_sim_port(const struct weft_listener *l, int *family,
                              uint16_t *port) {

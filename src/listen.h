@@ -17,6 +17,8 @@ void weft__listener_hold(struct weft_listener *l);
 void weft__listener_deliver(struct weft_listener *l, weft_tcp *conn);
 /* The same, for a connection the user never sees (a shutdown). */
 void weft__listener_delivered(struct weft_listener *l);
+/* The family of l's socket (AF_UNIX under a simulated TCP port). */
+int weft__listener_family(const struct weft_listener *l);
 /* For tests: shards accepting without the limit lock now, multishot
  * accepts not yet entered included (0 once the listener is quiet). */
 uint32_t weft__listener_active(const struct weft_listener *l);

@@ -38,6 +38,8 @@ void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
     bits |= EV_OUT;
   if (c->events & WEFT_IO_HUP)
     bits |= EV_HUP;
+  if (c->events & WEFT_IO_PRI)
+    bits |= EV_PRI;
   weft__sock_signal(local, s, bits, c->gen);
 }
 

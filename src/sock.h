@@ -60,7 +60,8 @@
 #define EV_CLOSE (1u << 5)    /* the user closes it */
 #define EV_SHUTDOWN (1u << 6) /* the runtime shuts down */
 #define EV_LIVE (1u << 7)     /* registered, not freed: never taken by a run */
-#define EV_KIND (1u << 8)
+#define EV_PRI (1u << 8)      /* readiness (epoll): urgent data arrived */
+#define EV_KIND (1u << 9)
 #define EV_LOW 0xffffffffull
 
 /* a tag for signals that need no generation check */

@@ -100,8 +100,13 @@ static void connect_done(struct weft__conn *c, int status) {
   c->cn = NULL;
   if (cn->timer)
     weft_timer_destroy(cn->timer);
-  if (cn->timed_out && status != 0)
+  /* Timed out: weft shut the socket down, so a connect that completed
+   * meanwhile (its completion handled after the timer's firing) is not
+   * usable either. A close begun meanwhile is never undone. */
+  if (cn->timed_out)
     status = -ETIMEDOUT;
+  else if (status == 0 && c->s.state != ST_CONNECTING)
+    status = -ECANCELED;
   if (status == 0) {
     c->s.state = ST_OPEN;
     c->writable = true;
@@ -133,8 +138,8 @@ static void connect_start(struct weft__conn *c) {
     int r = weft_timer_create(weft__sock_rt(&c->s), c->s.strand, &cn->timer);
     if (!r)
       r = weft_timer_start(cn->timer, cn->timeout_ns, 0, connect_timeout, c);
-    if (r) {
-      connect_done(c, r);
+    if (r) { /* -ESHUTDOWN: a shutdown began since the connect was asked */
+      connect_done(c, r == -ESHUTDOWN ? -ECANCELED : r);
       return;
     }
   }
@@ -216,11 +221,19 @@ static void close_begin(struct weft__conn *c) {
   }
   /* shutdown(2) wakes every operation on the socket in every ring: each
    * completes. A multishot receive alone, in this thread's ring, is
-   * cancelled there instead, which costs no system call of its own. */
+   * cancelled there instead, which costs no system call of its own. An
+   * abortive close disconnects instead (connect(2) to AF_UNSPEC): that
+   * sends the RST at once and wakes every waiter too, where shutdown's
+   * FIN would reach the peer first and read as an orderly end. A Unix
+   * socket refuses it (EINVAL): shut down. */
   weft__recv_closing(c);
   if (c->wr_inflight || c->rd_inflight ||
-      (c->rd_multi && !weft__recv_cancel_local(c)))
-    shutdown(c->s.fd, SHUT_RDWR);
+      (c->rd_multi && !weft__recv_cancel_local(c))) {
+    struct sockaddr unspec = {.sa_family = AF_UNSPEC};
+    if (!(weft__load(&c->close_req, WA_RLX) & CLOSE_ABORT) ||
+        connect(c->s.fd, &unspec, sizeof(unspec)) != 0)
+      shutdown(c->s.fd, SHUT_RDWR);
+  }
   if (connecting && c->cn && !c->rd_inflight)
     connect_done(c, -ECANCELED);
   weft__recv_cancel(c);
@@ -308,6 +321,8 @@ void weft__conn_run(struct weft__sock *sk, uint32_t bits) {
     c->readable = true;
   if (bits & EV_HUP)
     c->hup = true;
+  if (bits & EV_PRI)
+    c->short_empty = false;
   if (bits & EV_OUT) {
     c->writable = true;
     if (c->s.state == ST_CONNECTING && c->cn && !c->rd_inflight)
@@ -402,6 +417,7 @@ void weft__tcp_accepted(weft_rt *rt, struct weft_listener *l, int fd) {
   c->s.state = ST_NEW;
   c->writable = true;
   c->readable = false; /* the watch reports data already there (tcp.h) */
+  c->short_empty = weft__listener_family(l) != AF_UNIX;
   c->lst = l;
 #ifdef WEFT_SIM
   sim_accepted(c, l);
@@ -625,6 +641,7 @@ int weft_tcp_connect(weft_rt *rt, weft_strand *strand,
   cn->fn = fn;
   cn->arg = arg;
   c->cn = cn;
+  c->short_empty = addr->sa_family != AF_UNIX;
   c->s.state = ST_CONNECTING;
   *out = (weft_tcp *)c; /* before: c may be closed and freed at once */
   r = weft__sock_register(&c->s, home, true, EV_CONNECT);

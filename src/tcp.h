@@ -121,6 +121,11 @@ struct weft__conn {
    * accepted client's request mostly arrives after the accept). */
   bool readable : 1, writable : 1;
   bool hup : 1; /* epoll: EOF or error queued: reads never wait */
+  /* epoll: a short receive left nothing unread. A TCP receive stops short
+   * at the end of what has arrived, or at urgent data (EV_PRI clears
+   * this for good); a Unix one also after a message that carried
+   * descriptors, so there only EAGAIN says the socket is empty. */
+  bool short_empty : 1;
   /* rd_inflight: a one-shot receive, or the connect, is in the kernel */
   /* wr_inflight: a send, or (wr_poll) a poll for room, is in the kernel */
   bool reading : 1, rd_inflight : 1, wr_inflight : 1, wr_poll : 1;

@@ -264,8 +264,9 @@ static void recv_now(struct weft__conn *c) {
       return;
     }
     /* A short read emptied the buffer: wait for the next edge. Not after
-     * a hang-up: its edge came with the data, and no other will come. */
-    if (n > 0 && (size_t)n < c->rlen && !c->hup)
+     * a hang-up: its edge came with the data, and no other will come. Not
+     * where a short read can leave data behind (short_empty, tcp.h). */
+    if (n > 0 && (size_t)n < c->rlen && !c->hup && c->short_empty)
       c->readable = false;
     weft__recv_done(c, n < 0 ? -errno : n);
   }

@@ -195,6 +195,11 @@ static void advance(struct weft__conn *c, size_t n) {
   }
 }
 
+/* Most bytes of one send through the ring: a one-buffer send's length is
+ * 32 bits there (a 4 GiB write would be sent as 0 bytes, again and again),
+ * and the kernel sends at most 2 GiB - 4 KiB a call anyway. */
+#define RING_SEND_MAX ((size_t)1 << 30)
+
 /* Gathers the queue's unsent iovecs into sb, at most max bytes of them,
  * up to the first file send; returns how many iovecs. Descriptors to
  * pass go with the first byte of their write, so such a write starts a
@@ -400,7 +405,7 @@ static void send_submit(struct weft__conn *c) {
         return;
       }
     }
-    if (!gather(c, ws->sb, SIZE_MAX)) {
+    if (!gather(c, ws->sb, RING_SEND_MAX)) {
       advance(c, 0);
       continue;
     }

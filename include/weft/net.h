@@ -302,11 +302,12 @@ WEFT_API int weft_tcp_shutdown(weft_tcp *c);
 /* Closes c: in-flight operations complete with -ECANCELED (queued writes
  * not yet sent included: they are not sent, so to send everything first,
  * close from the last write's callback), then the close callback runs
- * (see "Lifetime" above). With abortive non-zero the peer gets RST instead of FIN
- * (SO_LINGER 0). Errors: -EINVAL (c NULL), -EALREADY (already closing:
- * closed before, or closing by itself), -ESHUTDOWN (called from outside
- * the runtime once its shutdown has begun: the shutdown closes c, and the
- * close callback still comes). Any thread; but c may close by itself (a
+ * (see "Lifetime" above). With abortive non-zero the peer of a TCP
+ * connection gets RST instead of FIN (SO_LINGER 0; a Unix socket's peer
+ * reads the end either way). Errors: -EINVAL (c NULL), -EALREADY (already
+ * closing: closed before, or closing by itself), -ESHUTDOWN (called from
+ * outside the runtime once its shutdown has begun: the shutdown closes c, and
+ * the close callback still comes). Any thread; but c may close by itself (a
  * timeout, a shutdown), and once its close callback has returned c is
  * gone: a thread other than c's strand must know that it has not, for
  * example by holding a lock that the close callback also takes. */
