@@ -10,14 +10,14 @@
 #error "include <weft.h>, which includes this header"
 #endif
 
-/* ---- TCP and Unix stream sockets
- * --------------------------------------------- Connections and listeners, over
- * TCP (IPv4, IPv6) or Unix domain stream sockets (AF_UNIX: weft_unix_addr makes
- * the address): the same weft_tcp and weft_listener calls serve both, and
- * everything below holds for both unless it says otherwise. Every callback of a
- * connection runs on its strand: the one given to weft_tcp_connect, or one weft
- * creates for it (accepted connections, or connect with strand NULL). Callbacks
- * are never called from inside the weft_tcp_* call that causes them.
+/* ---- TCP and Unix stream sockets -------------------------------------------
+ * Connections and listeners, over TCP (IPv4, IPv6) or Unix domain stream
+ * sockets (AF_UNIX: weft_unix_addr makes the address): the same weft_tcp and
+ * weft_listener calls serve both, and everything below holds for both unless
+ * it says otherwise. Every callback of a connection runs on its strand: the
+ * one given to weft_tcp_connect, or one weft creates for it (accepted
+ * connections, or connect with strand NULL). Callbacks are never called from
+ * inside the weft_tcp_* call that causes them.
  *
  * Threads: weft_tcp_read, _write, _writev, _shutdown, _set_watermarks,
  * _set_data and the option setters must be called on the connection's
@@ -415,12 +415,11 @@ WEFT_API int weft_tcp_set_fd_limit(weft_tcp *c, unsigned max);
  * On the strand. Errors: -EINVAL, -EPERM. */
 WEFT_API int weft_tcp_take_fd(weft_tcp *c);
 
-/* ---- UDP
- * ---------------------------------------------------------------------
- * Datagram sockets, IPv4 and IPv6. Every callback of a UDP socket runs on
- * its strand (the one given to weft_udp_open, or one of its own), never
- * inside the weft_udp_* call that causes it. weft_udp_close may be called
- * from any thread; every other call on its strand (elsewhere: -EPERM).
+/* ---- UDP -------------------------------------------------------------------
+ * Datagram sockets, IPv4 and IPv6. Every callback of a UDP socket runs on its
+ * strand (the one given to weft_udp_open, or one of its own), never inside the
+ * weft_udp_* call that causes it. weft_udp_close may be called from any
+ * thread; every other call on its strand (elsewhere: -EPERM).
  *
  * Receiving: once weft_udp_recv_start is called, each datagram is handed
  * to the callback in weft's buffer, valid until the callback returns.

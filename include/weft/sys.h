@@ -10,9 +10,8 @@
 #error "include <weft.h>, which includes this header"
 #endif
 
-/* ---- name resolution
- * --------------------------------------------------------- getaddrinfo(3) off
- * the shards' threads: a lookup runs on a pool of its own
+/* ---- name resolution -------------------------------------------------------
+ * getaddrinfo(3) off the shards' threads: a lookup runs on a pool of its own
  * (weft_config.resolve_threads), apart from weft_blocking's, so lookups that
  * wait on a slow or silent name server hold neither a shard nor the threads
  * other blocking work (files) needs; the system's resolver gives up on its own
@@ -60,25 +59,23 @@ WEFT_API int weft_resolve(weft_rt *rt, weft_strand *s, const char *host,
  * from elsewhere, hold a lock that fn also takes. Any thread. */
 WEFT_API int weft_resolve_cancel(weft_lookup *r);
 
-/* ---- files
- * ------------------------------------------------------------------- File
- * operations that never block a worker: each completes once with fn(arg,
+/* ---- files -----------------------------------------------------------------
+ * File operations that never block a worker: each completes once with fn(arg,
  * result) on strand s (NULL: any worker), never inside the call. With the
  * io_uring backend they go through the calling shard's ring (the kernel runs
  * those that would block on its own threads); from a thread outside the
  * runtime, with epoll, or on a kernel without the opcodes, they run on the
  * blocking pool (weft_blocking's), with the same results. result is what the
- * system call returns: bytes, a descriptor, 0, or a negative errno; short reads
- * and writes come as the kernel makes them, and a read at the end of the file
- * gives 0. Buffers, iovec arrays' memory and *st must stay valid until fn runs
- * (paths and iovec arrays themselves are copied). An offset of -1 uses and
- * moves the file position (as read(2)), which concurrent operations on one
+ * system call returns: bytes, a descriptor, 0, or a negative errno; short
+ * reads and writes come as the kernel makes them, and a read at the end of the
+ * file gives 0. Buffers, iovec arrays' memory and *st must stay valid until fn
+ * runs (paths and iovec arrays themselves are copied). An offset of -1 uses
+ * and moves the file position (as read(2)), which concurrent operations on one
  * descriptor share: use offsets for those. At a CANCEL shutdown an operation
  * not yet started may complete with -ECANCELED; one in the kernel completes.
- * Errors of the calls themselves (fn will not run): -EINVAL (rt or fn
- * NULL, a bad argument), -EXDEV (s of another runtime), -EBADF (s
- * released), -ESHUTDOWN, -ENOMEM, -EAGAIN (the blocking pool's queue is
- * full). */
+ * Errors of the calls themselves (fn will not run): -EINVAL (rt or fn NULL, a
+ * bad argument), -EXDEV (s of another runtime), -EBADF (s released),
+ * -ESHUTDOWN, -ENOMEM, -EAGAIN (the blocking pool's queue is full). */
 struct stat;
 struct iovec;
 typedef void (*weft_fs_fn)(void *arg, long result);
@@ -112,18 +109,17 @@ WEFT_API int weft_fs_fsync(weft_rt *rt, weft_strand *s, int fd, int datasync,
 WEFT_API int weft_fs_stat(weft_rt *rt, weft_strand *s, const char *path, int fd,
                           struct stat *st, weft_fs_fn fn, void *arg);
 
-/* ---- child processes
- * ----------------------------------------------------------- weft_spawn starts
- * a program and calls fn once, on strand s, when it has ended; weft reaps it
- * (through a pidfd made with the child, Linux 5.4: no SIGCHLD handler is
- * taken, and no zombie is left). Its stdin, stdout and stderr can each be a
- * stream to the parent: a weft_tcp connection over a Unix socket pair, on
- * strand s, with every call of the TCP section (read, write, weft_tcp_shutdown
- * to send EOF to the child's stdin, a close callback of its own). A shutdown of
- * the runtime kills (SIGKILL) and reaps the children still running: their exit
- * callbacks report it. A child that cannot be killed (it took a user this
- * process may not signal, as a set-user-ID program may) is left running and
- * unreaped, and its exit callback reports -EPERM. */
+/* ---- child processes -------------------------------------------------------
+ * weft_spawn starts a program and calls fn once, on strand s, when it has
+ * ended; weft reaps it (through a pidfd made with the child, Linux 5.4: no
+ * SIGCHLD handler is taken, and no zombie is left). Its stdin, stdout and
+ * stderr can each be a stream to the parent: a weft_tcp connection over a Unix
+ * socket pair, on strand s, with every call of the TCP section (read, write,
+ * weft_tcp_shutdown to send EOF to the child's stdin, a close callback of its
+ * own). A shutdown of the runtime kills (SIGKILL) and reaps the children still
+ * running: their exit callbacks report it. A child that cannot be killed (it
+ * took a user this process may not signal, as a set-user-ID program may) is
+ * left running and unreaped, and its exit callback reports -EPERM. */
 typedef struct weft_process weft_process;
 
 /* exit_code: the program's exit status (term_signal 0), or 0 when
