@@ -538,12 +538,24 @@ static void ring_accepted(struct lsock *ls) {
   }
 }
 
-/* One of l's items (`live`) is finished: the last calls done. */
+/* One of l's items (`live`) is finished: the last closes the spare and
+ * calls done. With no item left no socket of l is open, so no fd_limit or
+ * reopen_spare of l runs any more; the xchg reads the last one's store
+ * through the release sequence of `live`. The struct itself stays on
+ * rt->net.listeners until weft_rt_destroy: a weft_listener_close after a
+ * shutdown must find close_claim to return -EALREADY, and a closer still
+ * signals the sockets (l->socks, l->n) after the fetch_or that let this
+ * call done, so freeing here could pull the memory from under it. */
 static void live_drop(struct weft_listener *l) {
   /* seq_cst: the closer's done and done_arg were written before its
    * fetch_or, which this reads from (or follows) when it sees the bit. */
   uint64_t prev = weft__fetch_sub(&l->live, 2, WA_SC);
-  if ((prev >> 1) == 1 && (prev & 1) && l->done) {
+  if ((prev >> 1) != 1)
+    return;
+  int spare = weft__xchg(&l->reserve, -1, WA_ACQ);
+  if (spare >= 0)
+    close(spare);
+  if ((prev & 1) && l->done) {
     weft__calling((void *)l->done);
     l->done(l->done_arg);
   }
