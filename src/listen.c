@@ -584,7 +584,15 @@ static void lsock_finished(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
   weft_timer_destroy(ls->timer);
   ls->timer = NULL;
-  weft__sock_close_fd(&ls->s);
+  /* At once, not through the ring (weft__sock_close_fd): a close entry
+   * leaves with the thread's next enter, and done, which live_drop below
+   * may run, must find the address free to listen on again (a socket
+   * still open stays in LISTEN state, an abstract name bound). Listening
+   * sockets are few: the ring's batching would save nothing. Every
+   * operation on the socket has completed (ST_CLOSING, neither polling
+   * nor accepting). */
+  weft__io_close(weft__sock_rt(&ls->s), NULL, ls->s.fd);
+  ls->s.fd = -1;
   ls->s.state = ST_CLOSED;
   weft__unix_unlink(&l->addr, l->addrlen, &l->file); /* before done runs */
   acceptq_free(ls);

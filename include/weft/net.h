@@ -173,7 +173,9 @@ WEFT_API int weft_listener_stats_get(weft_listener *l,
 /* Stops accepting and closes the sockets. done(arg), if not NULL, runs on
  * any worker once no accept callback of l will start any more: connections
  * accepted before the close still get theirs (they run on each
- * connection's strand), and done runs after the last has returned. l must
+ * connection's strand), and done runs after the last has returned. Its
+ * sockets are closed by then (and a Unix listener's file removed): from
+ * done on, the address is free to listen on again, done included. l must
  * not be used after this call. Connections already accepted are not
  * affected.
  * Errors: -EINVAL, -EALREADY (closed already, or by a shutdown that left no
