@@ -121,9 +121,9 @@ int weft__blocking_init(weft_rt *rt, const weft_config *c) {
   return r;
 }
 
-/* Returns j's slot to the free list; lock held. */
 _Thread_local weft_rt *weft__job_rt;
 
+/* Returns j's slot to the free list; lock held. */
 static void slot_put(struct weft__blocking *b, struct job *j) {
   j->id = 0;
   j->state = J_FREE;

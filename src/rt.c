@@ -561,8 +561,12 @@ int weft_rt_wait(weft_rt *rt, uint64_t timeout_ns) {
     return -EDEADLK;
   uint64_t deadline = weft__now_ns() + timeout_ns;
 #ifdef WEFT_SIM
-  if (rt->sim) /* virtual time; an overflow is for ever (sim.c) */
-    return weft__sim_run(rt, deadline < timeout_ns ? UINT64_MAX : deadline);
+  if (rt->sim) { /* virtual time; an overflow is for ever (sim.c) */
+    caller_enter(rt);
+    int r = weft__sim_run(rt, deadline < timeout_ns ? UINT64_MAX : deadline);
+    caller_leave(rt);
+    return r;
+  }
 #endif
   if (deadline < timeout_ns)
     deadline = UINT64_MAX / 2;
