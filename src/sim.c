@@ -436,9 +436,10 @@ void weft__sim_detach(weft_rt *rt) {
 }
 
 /* The simulation this thread drives, if any: a wait on the driver's own
- * thread (a blocking job's, an on_stall's) is a call inside a step, as a
- * stall is, and runs the simulation on from there; it must not sleep
- * until the driver, itself, returns. Faults strike on this thread only. */
+ * thread (an on_stall's; a blocking job's gets -EDEADLK before, rt.c) is a
+ * call inside a step, as a stall is, and runs the simulation on from there; it
+ * must not sleep until the driver, itself, returns. Faults strike on this
+ * thread only. */
 static _Thread_local struct weft__sim *tl_driving;
 
 bool weft__sim_fault(weft_rt *rt, unsigned kind) {
