@@ -17,24 +17,30 @@
  * the caller shares it (WEFT_LISTEN_SHARE); WEFT_LISTEN_SINGLE binds one
  * socket without SO_REUSEPORT, which nobody can join.
  *
- * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike): a listener
- * keeps one spare descriptor (/dev/null). On the error it closes the spare,
- * accepts and closes at once up to 64 waiting connections (their clients
- * see a reset or EOF instead of hanging), opens the spare again, and pauses
- * accepting for a backoff that doubles from 1 ms to 100 ms and resets on
- * the next successful accept. No accept call is made while paused.
+ * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike): the runtime
+ * keeps one spare descriptor (/dev/null) for all its listeners, opened by
+ * the first. On the error a socket closes the spare, accepts and closes at
+ * once up to 64 of its waiting connections (their clients see a reset or
+ * EOF instead of hanging), opens the spare again, and pauses accepting for
+ * a backoff that doubles from 1 ms to 100 ms and resets on the next
+ * successful accept. No accept call is made while paused.
  *
- * The drop must not race another shard's accept: one that ran between the
- * close of the spare and the drop's accept would take the freed slot, the
- * spare could not be reopened, and the clients waiting on this socket
- * would hang. So fd_limit sets `limited` (seq_cst), waits until no shard
- * accepts without the lock (`active`, a Dekker pair with `limited`), and
- * from then on until an accept succeeds with the spare back in place, every
- * shard accepts under the listener's limit_lock. Without a descriptor
- * shortage the accept path takes no lock: one RMW pair on `active` per
- * burst of up to 64 accepts, or per arming of a multishot accept
- * (ring_accept: its count stays up until the enter that takes it to the
- * kernel, where fd_limit then ends it with a synchronous cancel).
+ * The drop must not race another accept, of any shard of any listener of
+ * the runtime: one that ran between the close of the spare and the drop's
+ * accept would take the freed slot, the spare could not be reopened, and
+ * from then on nothing would be dropped. So fd_limit sets the runtime's
+ * `limited` (seq_cst), waits until no shard of any listener accepts
+ * without the lock (each listener's `active`, a Dekker pair with
+ * `limited`), and from then on until an accept succeeds with the spare
+ * back in place, every shard accepts under the runtime's limit_lock, which
+ * also guards the spare. Without a descriptor shortage the accept path
+ * takes no lock: one RMW pair on its listener's `active` per burst of up
+ * to 64 accepts, or per arming of a multishot accept (ring_accept: its
+ * count stays up until the enter that takes it to the kernel, where
+ * fd_limit then ends it with a synchronous cancel). What opens descriptors
+ * outside the accept path (a connect, a file, another runtime's accept)
+ * can still take the freed slot: the spare is then reopened before the
+ * next accept under the lock, and until it is, nothing is dropped.
  */
 #include "listen.h"
 
@@ -85,13 +91,9 @@ struct weft_listener {
   /* 1 once weft_tcp_listen has made and watched every socket; until then
    * none accepts (weft__lsock_run), so a listen that fails never has. */
   _Atomic uint32_t ready;
-  _Atomic int reserve; /* the spare descriptor, -1 while in use */
-  /* Out of descriptors (fd_limit): while `limited`, accepts run under
-   * limit_lock, so that no other shard's accept takes the slot the drop
-   * frees; `active` counts shards accepting without it. */
-  _Atomic uint32_t limited;
+  /* Out of descriptors (fd_limit): shards of l accepting without the
+   * runtime's limit_lock. */
   _Atomic uint32_t active;
-  pthread_mutex_t limit_lock;
   weft_fn done;
   void *done_arg;
   struct sockaddr_storage addr;
@@ -204,8 +206,7 @@ static void pause_backoff(struct lsock *ls) {
  * listening socket's with an accept in that ring, ends that one, which
  * arms again like any cancelled one (ring_accepted): the socket is never
  * read here. A cancel that fails otherwise (-ETIME: the request was
- * running past the bound) leaves the drop for the next try. Accepts of
- * another listener are not covered, as their accept4 bursts never were. */
+ * running past the bound) leaves the drop for the next try. */
 static bool cancel_armed(struct weft_listener *l) {
   for (unsigned i = 0; i < l->n; i++) {
     struct weft__io *io = weft__load(&l->armed[i], WA_ACQ);
@@ -219,38 +220,65 @@ static bool cancel_armed(struct weft_listener *l) {
   return true;
 }
 
-/* Descriptors ran out: drop what waits, using the spare, then pause. With
- * limit_lock held. */
+/* The spare, if it is not open: 0 once it is, or a negative errno. With
+ * the runtime's limit_lock held. */
+static int reopen_spare(weft_rt *rt) {
+  if (rt->net.spare_open)
+    return 0;
+  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    return -errno;
+  rt->net.spare = fd;
+  rt->net.spare_open = true;
+  return 0;
+}
+
+/* Whether no shard of any listener of rt accepts without the lock, waiting
+ * for it at most ACTIVE_WAIT_NS, then their armed accepts ended. The list
+ * is read under life.lock: a listener published after that read
+ * (listener_keep, before its sockets accept) follows our store of
+ * `limited` through the lock, so its accepts see it. The list only grows
+ * at its head, and loses a listener only at destroy, so it is walked
+ * without the lock. */
+static bool quiet_all(weft_rt *rt) {
+  pthread_mutex_lock(&rt->life.lock);
+  struct weft_listener *all = rt->net.listeners;
+  pthread_mutex_unlock(&rt->life.lock);
+  uint64_t t0 = weft__now_ns();
+  for (struct weft_listener *o = all; o; o = o->next)
+    while (weft__load(&o->active, WA_SC)) {
+      if (weft__now_ns() - t0 > ACTIVE_WAIT_NS)
+        return false;
+      sched_yield();
+    }
+  for (struct weft_listener *o = all; o; o = o->next)
+    if (!cancel_armed(o))
+      return false;
+  return true;
+}
+
+/* Descriptors ran out: drop what waits on ls, using the spare, then pause.
+ * With the runtime's limit_lock held. */
 static void fd_limit(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
+  weft_rt *rt = l->rt;
   weft__fetch_add(&l->st_limit, 1, WA_RLX);
   /* Set again, under the lock: accept_locked set it before it waited for
    * the lock, and the holder before us may have cleared it on success
    * since, which would let other shards arm accepts after the wait and
    * the cancels below. */
-  weft__store(&l->limited, 1, WA_SC);
+  weft__store(&rt->net.limited, 1, WA_SC);
   /* Shards accepting without the lock saw `limited` clear: let them
    * finish their burst (a few syscalls), and armed accepts their enter
    * (cancel_armed then ends them), before a slot is freed. The latter may
    * wait for a thread's handler (its next enter comes within 8 items, or
    * at a handoff), so the wait is bounded: past it nothing is dropped
    * this time, and the pause below lets the clients wait for the next
-   * try. */
-  uint64_t t0 = weft__now_ns();
-  while (weft__load(&l->active, WA_SC)) {
-    if (weft__now_ns() - t0 > ACTIVE_WAIT_NS) {
-      pause_backoff(ls);
-      return;
-    }
-    sched_yield();
-  }
-  if (!cancel_armed(l)) {
-    pause_backoff(ls);
-    return;
-  }
-  int spare = weft__xchg(&l->reserve, -1, WA_ACQ);
-  if (spare >= 0) {
-    close(spare);
+   * try. Without a spare (something outside the accept path took the
+   * slot of the last drop) nothing is dropped either. */
+  if (quiet_all(rt) && reopen_spare(rt) == 0) {
+    close(rt->net.spare);
+    rt->net.spare_open = false;
     for (int i = 0; i < ACCEPT_BUDGET; i++) {
       int fd = sync_accept(ls);
       if (fd == -EINTR)
@@ -260,22 +288,9 @@ static void fd_limit(struct lsock *ls) {
       close(fd);
       weft__fetch_add(&l->st_dropped, 1, WA_RLX);
     }
-    /* Another shard's reopen_spare may have put one back meanwhile. */
-    int none = -1;
-    spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (spare >= 0 && !weft__cas(&l->reserve, &none, spare, WA_REL, WA_RLX))
-      close(spare); /* -1 (open failed): reopened on resume */
+    (void)reopen_spare(rt); /* failing: again before the next accept */
   }
   pause_backoff(ls);
-}
-
-static void reopen_spare(struct weft_listener *l) {
-  int none = -1;
-  if (weft__load(&l->reserve, WA_RLX) >= 0)
-    return;
-  int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  if (fd >= 0 && !weft__cas(&l->reserve, &none, fd, WA_REL, WA_RLX))
-    close(fd);
 }
 
 /* One accept result: a descriptor or a negative errno. false: stop;
@@ -353,10 +368,10 @@ static bool ring_accept(struct lsock *ls) {
   return ls->accepting;
 }
 
-/* Accepting under limit_lock, after a shortage. */
+/* Accepting under the runtime's limit_lock, after a shortage. */
 static void accept_locked(struct lsock *ls) {
-  struct weft_listener *l = ls->lst;
-  weft__store(&l->limited, 1, WA_SC);
+  weft_rt *rt = ls->lst->rt;
+  weft__store(&rt->net.limited, 1, WA_SC);
   /* Accept requests in this thread's ring hold `active` up until entered:
    * enter them, or fd_limit (ours, or another shard's that holds the
    * lock) would wait for this thread. Other threads enter theirs when
@@ -366,16 +381,16 @@ static void accept_locked(struct lsock *ls) {
   if (sh)
     weft__io_flush(sh);
   weft__local_end(sh);
-  pthread_mutex_lock(&l->limit_lock);
+  pthread_mutex_lock(&rt->net.limit_lock);
   if (!ls->at_limit) {
-    reopen_spare(l);
+    (void)reopen_spare(rt); /* failing: stays limited, tried again */
     accept_burst(ls);
   }
   if (ls->at_limit)
     fd_limit(ls);
-  else if (weft__load(&l->reserve, WA_RLX) >= 0)
-    weft__store(&l->limited, 0, WA_SC); /* accepting works again */
-  pthread_mutex_unlock(&l->limit_lock);
+  else if (rt->net.spare_open)
+    weft__store(&rt->net.limited, 0, WA_SC); /* accepting works again */
+  pthread_mutex_unlock(&rt->net.limit_lock);
 }
 
 /* With completions, the accepts of a socket go to the ring of the thread
@@ -416,7 +431,7 @@ static void accept_more(struct lsock *ls) {
   }
   ls->at_limit = false;
   weft__fetch_add(&l->active, 1, WA_SC);
-  bool limited = weft__load(&l->limited, WA_SC);
+  bool limited = weft__load(&l->rt->net.limited, WA_SC);
   if (!limited && ring && ring_accept(ls))
     return; /* `active` is dropped once the request is entered */
   if (!limited)
@@ -538,24 +553,18 @@ static void ring_accepted(struct lsock *ls) {
   }
 }
 
-/* One of l's items (`live`) is finished: the last closes the spare and
- * calls done. With no item left no socket of l is open, so no fd_limit or
- * reopen_spare of l runs any more; the xchg reads the last one's store
- * through the release sequence of `live`. The struct itself stays on
- * rt->net.listeners until weft_rt_destroy: a weft_listener_close after a
- * shutdown must find close_claim to return -EALREADY, and a closer still
- * signals the sockets (l->socks, l->n) after the fetch_or that let this
- * call done, so freeing here could pull the memory from under it. */
+/* One of l's items (`live`) is finished: the last calls done. The struct
+ * stays on rt->net.listeners until weft_rt_destroy, holding no descriptor
+ * (the spare is the runtime's): a weft_listener_close after a shutdown
+ * must find close_claim to return -EALREADY, a closer still signals the
+ * sockets (l->socks, l->n) after the fetch_or that let this call done,
+ * and fd_limit walks the list without a lock, so freeing here could pull
+ * the memory from under either. */
 static void live_drop(struct weft_listener *l) {
   /* seq_cst: the closer's done and done_arg were written before its
    * fetch_or, which this reads from (or follows) when it sees the bit. */
   uint64_t prev = weft__fetch_sub(&l->live, 2, WA_SC);
-  if ((prev >> 1) != 1)
-    return;
-  int spare = weft__xchg(&l->reserve, -1, WA_ACQ);
-  if (spare >= 0)
-    close(spare);
-  if ((prev & 1) && l->done) {
+  if ((prev >> 1) == 1 && (prev & 1) && l->done) {
     weft__calling((void *)l->done);
     l->done(l->done_arg);
   }
@@ -734,15 +743,10 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
   return 0;
 }
 
-static void listener_free(struct weft_listener *l) {
-  int fd = weft__load(&l->reserve, WA_RLX);
-  if (fd >= 0)
-    close(fd);
-  pthread_mutex_destroy(&l->limit_lock);
-  free(l);
-}
+static void listener_free(struct weft_listener *l) { free(l); }
 
-/* l is the runtime's from here on: weft__listen_destroy frees it. */
+/* l is the runtime's from here on: weft__listen_destroy frees it. Before
+ * its sockets may accept (`ready`): fd_limit must find it (quiet_all). */
 static void listener_keep(weft_rt *rt, struct weft_listener *l) {
   pthread_mutex_lock(&rt->life.lock);
   l->next = rt->net.listeners;
@@ -817,17 +821,16 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   l->n = n;
   l->fn = fn;
   l->arg = arg;
-  pthread_mutex_init(&l->limit_lock, NULL);
   memcpy(&l->addr, addr, addrlen);
   l->addrlen = addrlen;
 #ifdef WEFT_SIM
   memcpy(&l->sim_addr, &tcp, tcplen);
   l->sim_addrlen = tcplen;
 #endif
-  int spare = open("/dev/null", O_RDONLY | O_CLOEXEC);
-  weft__store(&l->reserve, spare, WA_RLX);
-  if (spare < 0)
-    r = -errno;
+  /* Under the lock: a drop under way has the spare's slot free. */
+  pthread_mutex_lock(&rt->net.limit_lock);
+  r = reopen_spare(rt);
+  pthread_mutex_unlock(&rt->net.limit_lock);
   bool reuseport = n > 1 || (flags & WEFT_LISTEN_SHARE);
   if (!r && !(flags & WEFT_LISTEN_SHARE) && reuseport)
     r = probe_free(rt, l);
@@ -850,8 +853,8 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
     listen_failed(l, made, watched);
     return r;
   }
-  weft__store(&l->ready, 1, WA_REL); /* before the kicks that accept */
   listener_keep(rt, l);
+  weft__store(&l->ready, 1, WA_REL); /* before the kicks that accept */
   for (unsigned i = 0; i < n; i++)
     weft__sock_live(&l->socks[i]->s, l->gens[i], EV_KICK);
   *out = l;
@@ -930,6 +933,7 @@ int weft_listener_close(weft_listener *l, weft_fn done, void *arg) {
 
 void weft__listen_init(weft_rt *rt) {
   weft__pool_init(&rt->net.lsock_pool, sizeof(struct lsock));
+  pthread_mutex_init(&rt->net.limit_lock, NULL);
 }
 
 void weft__listen_destroy(weft_rt *rt) {
@@ -938,5 +942,9 @@ void weft__listen_destroy(weft_rt *rt) {
     rt->net.listeners = l->next;
     listener_free(l);
   }
+  if (rt->net.spare_open)
+    close(rt->net.spare);
+  rt->net.spare_open = false;
+  pthread_mutex_destroy(&rt->net.limit_lock);
   weft__pool_destroy(&rt->net.lsock_pool);
 }

@@ -102,6 +102,14 @@ struct weft_rt {
     _Atomic uint32_t no_multishot;   /* it refused a multishot receive */
     _Atomic uint64_t recv_nobufs;    /* multishot receives that found none */
     struct weft_listener *listeners; /* under life.lock; freed at destroy */
+    /* Running out of descriptors, shared by every listener (listen.c,
+     * fd_limit): while `limited`, every accept runs under limit_lock;
+     * the spare descriptor (spare_open, spare: under limit_lock) is
+     * opened by the first listener and closed at destroy. */
+    pthread_mutex_t limit_lock;
+    _Atomic uint32_t limited;
+    bool spare_open;
+    int spare;
   } net;
 
   struct weft__life life;

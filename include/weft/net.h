@@ -132,14 +132,19 @@ typedef struct weft_listener_stats {
  * descriptors run out (EMFILE, ENFILE) accepting pauses, backing off from 1 ms
  * to 100 ms, and resumes by itself; connections that arrive meanwhile are
  * accepted and closed at once with a spare descriptor kept for that, so clients
- * do not hang. On io_uring a TCP listener's sockets each keep one accept
- * request waiting in the kernel, which reads RLIMIT_NOFILE when the request
- * is made: a soft limit lowered while the listener runs binds its accepts
- * from the next request on (after an error, a shortage, or a pause).
- * fn may run before a successful call returns; after a failed one it never
- * runs, and clients that had already reached one of its sockets are reset.
- * opts may be NULL. Errors: -EINVAL (bad arguments, addrlen too
- * small for the family, WEFT_LISTEN_SHARE with Unix), -EAFNOSUPPORT
+ * do not hang. The spare is one per runtime, shared by all its listeners:
+ * opened by its first listen, closed by weft_rt_destroy; while any of them
+ * is short, every listener of the runtime accepts under one lock, so none
+ * takes the slot a drop frees. Descriptors opened meanwhile elsewhere (by
+ * other code of the process, or another runtime) may still take it: until
+ * one is freed nothing is dropped, and clients wait. On io_uring a TCP
+ * listener's sockets each keep one accept request waiting in the kernel, which
+ * reads RLIMIT_NOFILE when the request is made: a soft limit lowered while the
+ * listener runs binds its accepts from the next request on (after an error, a
+ * shortage, or a pause). fn may run before a successful call returns; after a
+ * failed one it never runs, and clients that had already reached one of its
+ * sockets are reset. opts may be NULL. Errors: -EINVAL (bad arguments, addrlen
+ * too small for the family, WEFT_LISTEN_SHARE with Unix), -EAFNOSUPPORT
  * (neither IPv4, IPv6 nor Unix), -EADDRINUSE, -EACCES, -ENOENT (a Unix
  * path's directory does not exist), -EADDRNOTAVAIL, -EMFILE, -ENOMEM,
  * -ESHUTDOWN, -ENOTSUP (backend NONE), -EAGAIN (the runtime's first socket
