@@ -14,8 +14,10 @@
  * of the same user binding the address joins the group, so the group would
  * join one bound there before it. A bind without SO_REUSEPORT just before
  * the group's (probe_free) makes an address in use fail instead, unless
- * the caller shares it (WEFT_LISTEN_SHARE); WEFT_LISTEN_SINGLE binds one
- * socket without SO_REUSEPORT, which nobody can join.
+ * the caller shares it (WEFT_LISTEN_SHARE). Every TCP socket is bound
+ * with SO_REUSEPORT, a group of one included (WEFT_LISTEN_SINGLE, or a
+ * runtime of one shard): net.h lets a WEFT_LISTEN_SHARE listener join any
+ * listener, and a socket bound without it can be joined by nobody.
  *
  * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike): the runtime
  * keeps one spare descriptor (/dev/null) for all its listeners, opened by
@@ -831,7 +833,7 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   pthread_mutex_lock(&rt->net.limit_lock);
   r = reopen_spare(rt);
   pthread_mutex_unlock(&rt->net.limit_lock);
-  bool reuseport = n > 1 || (flags & WEFT_LISTEN_SHARE);
+  bool reuseport = !is_unix;
   if (!r && !(flags & WEFT_LISTEN_SHARE) && reuseport)
     r = probe_free(rt, l);
   /* An item per socket, each dropped when that socket closes. */

@@ -9,6 +9,14 @@
  *    port fails with -EADDRINUSE.
  *  - WEFT_LISTEN_SHARE on both: the second listen succeeds, and
  *    connections reach the two listeners' callbacks between them.
+ *  - WEFT_LISTEN_SHARE joining a listener made without it (net.h: such a
+ *    listener "keeps out weft listeners made without it, not those made
+ *    with it"): a default one and a WEFT_LISTEN_SINGLE one, on runtimes of
+ *    1 and 2 workers. The join succeeds, a listen without the flag still
+ *    fails with -EADDRINUSE, and connections reach the two between them.
+ *    Before the fix a single socket (WEFT_LISTEN_SINGLE, or the default
+ *    on 1 worker) was bound without SO_REUSEPORT: the join failed with
+ *    -EADDRINUSE.
  * Every listener is closed and the runtime shut down cleanly.
  */
 #include "testutil.h"
@@ -57,14 +65,16 @@ static void connect_n(uint16_t port, unsigned n) {
   }
 }
 
-static weft_rt *make_rt(void) {
+static weft_rt *make_rt_n(unsigned workers) {
   weft_config cfg;
   weft_config_init(&cfg);
-  cfg.workers = 2;
+  cfg.workers = workers;
   weft_rt *rt;
   assert_int_equal(weft_rt_create(&rt, &cfg), 0);
   return rt;
 }
+
+static weft_rt *make_rt(void) { return make_rt_n(2); }
 
 static void end_rt(weft_rt *rt) {
   assert_int_equal(weft_rt_shutdown(rt, WEFT_SHUTDOWN_DRAIN), 0);
@@ -125,12 +135,41 @@ static void test_shared(void **state) {
   end_rt(rt);
 }
 
+static void join_one(unsigned workers, unsigned flags) {
+  print_message("[ INFO     ] %u worker(s), first listener's flags %u\n",
+                workers, flags);
+  weft_rt *rt = make_rt_n(workers);
+  tu_count first = 0, second = 0;
+  weft_listener *l, *l2, *l3 = NULL;
+  assert_int_equal(listen_on(rt, 0, flags, &first, &l), 0);
+  uint16_t port = port_of(l);
+  assert_int_equal(listen_on(rt, port, WEFT_LISTEN_SHARE, &second, &l2), 0);
+  assert_int_equal(listen_on(rt, port, 0, &second, &l3), -EADDRINUSE);
+  assert_null(l3);
+  atomic_store(&g_accepted, 0);
+  connect_n(port, 16);
+  tu_wait_count(&g_accepted, 16, "accepts of both listeners");
+  assert_int_equal(atomic_load(&first) + atomic_load(&second), 16);
+  tu_listener_close(l);
+  tu_listener_close(l2);
+  end_rt(rt);
+}
+
+static void test_share_joins_unshared(void **state) {
+  (void)state;
+  join_one(1, 0);
+  join_one(1, WEFT_LISTEN_SINGLE);
+  join_one(2, 0);
+  join_one(2, WEFT_LISTEN_SINGLE);
+}
+
 int main(void) {
   tu_watchdog_start();
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_group_in_use),
       cmocka_unit_test(test_plain_socket_in_use),
       cmocka_unit_test(test_shared),
+      cmocka_unit_test(test_share_joins_unshared),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

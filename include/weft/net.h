@@ -97,9 +97,10 @@ typedef void (*weft_close_fn)(void *data, weft_tcp *conn);
 typedef void (*weft_drain_fn)(void *arg, weft_tcp *conn);
 
 /* weft_listen_opts.flags */
-/* One listening socket on one shard, instead of one per shard bound with
- * SO_REUSEPORT (the default: the kernel spreads connections over the shards'
- * sockets, so no lock is shared between shards on the accept path). */
+/* One listening socket on one shard, instead of one per shard (the default:
+ * the kernel spreads connections over the shards' sockets, so no lock is
+ * shared between shards on the accept path). Either way each TCP socket is
+ * bound with SO_REUSEPORT, so WEFT_LISTEN_SHARE listeners can join it. */
 #define WEFT_LISTEN_SINGLE 1u
 /* Bind even where SO_REUSEPORT sockets of the same user already listen
  * (another process, say, taking over during a restart) and share the
