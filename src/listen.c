@@ -867,6 +867,8 @@ int weft_listener_addr(weft_listener *l, struct sockaddr *addr,
                        unsigned *addrlen) {
   if (!l || !addr || !addrlen)
     return -EINVAL;
+  if (weft__forked(l->rt))
+    return -ECHILD;
 #ifdef WEFT_SIM
   if (l->sim_addrlen) { /* the TCP address, not its Unix name */
     unsigned n = *addrlen < l->sim_addrlen ? *addrlen : l->sim_addrlen;
@@ -901,6 +903,8 @@ bool weft__listener_sim_port(const struct weft_listener *l, int *family,
 int weft_listener_stats_get(weft_listener *l, weft_listener_stats *out) {
   if (!l || !out)
     return -EINVAL;
+  if (weft__forked(l->rt))
+    return -ECHILD;
   out->accepted = weft__load(&l->st_accepted, WA_RLX);
   out->accept_calls = weft__load(&l->st_calls, WA_RLX);
   out->fd_limit_hits = weft__load(&l->st_limit, WA_RLX);

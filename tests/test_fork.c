@@ -12,7 +12,9 @@
  * and forks 20 children while that runs, so a fork often lands while one
  * of weft's locks is held by a parent thread. Each child checks the calls
  * on the parent's runtime (posts, strand and timer calls, the blocking
- * pool, a connection call, shutdown, wait, destroy, stats) all return
+ * pool, a connection call, the listener's close, address and statistics
+ * (before the fix those two returned 0), shutdown, wait, destroy, stats)
+ * all return
  * -ECHILD without blocking, then creates a runtime, runs a handler on it,
  * shuts it down and destroys it. A child that hangs is killed by its own
  * alarm (10 s) and counts as a failure. Skipped under ThreadSanitizer,
@@ -103,6 +105,13 @@ static int child(weft_timer *t, weft_tcp *c, weft_listener *l) {
     return 9;
   if (weft_listener_close(l, NULL, NULL) != -ECHILD)
     return 10;
+  struct sockaddr_storage ss;
+  unsigned sslen = sizeof(ss);
+  weft_listener_stats ls;
+  if (weft_listener_addr(l, (struct sockaddr *)&ss, &sslen) != -ECHILD)
+    return 15;
+  if (weft_listener_stats_get(l, &ls) != -ECHILD)
+    return 16;
   if (weft_rt_stats(g_rt, &st) != -ECHILD)
     return 11;
   if (weft_rt_shutdown(g_rt, WEFT_SHUTDOWN_DRAIN) != -ECHILD)

@@ -147,10 +147,11 @@ typedef struct weft_listener_stats {
  * sockets are reset. opts may be NULL. Errors: -EINVAL (bad arguments, addrlen
  * too small for the family, WEFT_LISTEN_SHARE with Unix), -EAFNOSUPPORT
  * (neither IPv4, IPv6 nor Unix), -EADDRINUSE, -EACCES, -ENOENT (a Unix
- * path's directory does not exist), -EADDRNOTAVAIL, -EMFILE, -ENOMEM,
- * -ESHUTDOWN, -ENOTSUP (backend NONE), -EAGAIN (the runtime's first socket
- * could not start every shard's thread: weft_config.eager_workers). Any thread.
- */
+ * path's directory does not exist), -EADDRNOTAVAIL, -ENODEV (an IPv6
+ * link-local address whose sin6_scope_id names no interface), -EMFILE,
+ * -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend NONE), -EAGAIN (the runtime's first
+ * socket could not start every shard's thread: weft_config.eager_workers). Any
+ * thread. */
 WEFT_API int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr,
                              unsigned addrlen, const weft_listen_opts *opts,
                              weft_accept_fn fn, void *arg, weft_listener **out);
