@@ -1,7 +1,8 @@
 /*
  * sim.c - simulation (sim.h): the driver, the virtual clock, the log of
  * handler calls and its hash, stalls and the monitor's looks at them, and
- * the line that names the seed when a simulated run crashes. Compiled
+ * the line that names the seed when a simulated run crashes (the host's
+ * ports and names are in sim_host.c). Compiled
  * into every library; everything but the stubs of weft_rt_sim_info and
  * weft_sim_stall is in the weft_sim build only (WEFT_SIM).
  *
@@ -71,7 +72,6 @@ int weft_sim_stall(uint64_t ns) {
 #define STEP_NS_MAX 2000u
 #define DELAY_NS_MAX 1000000u /* a WEFT_SIM_FAULT_DELAY: up to 1 ms */
 #define DEFAULT_WORKERS 4u
-#define FIRST_PORT 32768u /* the simulated host's ephemeral ports */
 
 _Atomic uint64_t weft__sim_clock;
 _Atomic uint32_t weft__sim_live;
@@ -128,7 +128,7 @@ struct weft__sim {
   unsigned *can;     /* the shards a step may take (steppable), nshards long */
   struct seen *seen; /* per thread slot, th.max long */
   unsigned serial;   /* the simulated host's, in its socket names */
-  /* Ephemeral ports taken, of every kind: the next is FIRST_PORT plus
+  /* Ephemeral ports taken, of every kind: the next is WEFT_SIM_FIRST_PORT plus
    * this, wrapped. Atomic: a connect or a listen may come from a thread
    * other than the driver's (which a seed does not repeat). */
   _Atomic uint32_t ports_taken;
@@ -462,127 +462,12 @@ uint32_t weft__sim_shard_seed(weft_rt *rt, unsigned i) {
   return (uint32_t)rnd(rt->sim) | 1; /* xorshift's state is never 0 */
 }
 
-/* ---- TCP on the simulated host ------------------------------------------- */
+/* What the simulated host's names need (sim_host.c, sim.h). */
+unsigned weft__sim_serial(weft_rt *rt) { return rt->sim->serial; }
 
-/* "\0weft-sim-PID-SERIAL-KPORT": K is l (a listener), c (a TCP client)
- * or u (a UDP socket). */
-static unsigned name_of(struct weft__sim *m, char kind, unsigned port,
-                        struct sockaddr_un *un) {
-  memset(un, 0, sizeof(*un));
-  un->sun_family = AF_UNIX;
-  int n = snprintf(un->sun_path + 1, sizeof(un->sun_path) - 1,
-                   "weft-sim-%d-%u-%c%u", (int)getpid(), m->serial, kind, port);
-  return (unsigned)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
-}
-
-static uint16_t next_port(struct weft__sim *m) {
-  uint32_t n = weft__fetch_add(&m->ports_taken, 1, WA_RLX);
-  return (uint16_t)(FIRST_PORT + n % (65536 - FIRST_PORT));
-}
-
-/* Whether no socket of type holds name un: a probe binds it and lets it
- * go (an abstract name is free again at the close). Of the same type:
- * the kernel keeps each type's abstract names apart. Unsure: free, and
- * the caller's bind will tell. */
-static bool name_free(const struct sockaddr_un *un, unsigned len, int type) {
-  int fd = socket(AF_UNIX, type | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return true;
-  bool ok =
-      bind(fd, (const struct sockaddr *)un, len) == 0 || errno != EADDRINUSE;
-  close(fd);
-  return ok;
-}
-
-/* The next ephemeral port of kind that nobody holds, as a kernel's pick
- * passes over ports held, its name into un; 0 when every one is held. */
-static uint16_t pick_port(struct weft__sim *m, char kind,
-                          struct sockaddr_un *un, unsigned *unlen) {
-  for (unsigned tries = 0; tries < 65536 - FIRST_PORT; tries++) {
-    uint16_t port = next_port(m);
-    *unlen = name_of(m, kind, port, un);
-    if (name_free(un, *unlen, kind == 'u' ? SOCK_DGRAM : SOCK_STREAM))
-      return port;
-  }
-  return 0;
-}
-
-/* The name of in's port, of kind; pick: a port 0 takes the next free one
- * (pick_port). */
-static int port_name(weft_rt *rt, struct sockaddr_storage *in, char kind,
-                     bool pick, struct sockaddr_un *un, unsigned *unlen) {
-  in_port_t *pp;
-  if (in->ss_family == AF_INET)
-    pp = &((struct sockaddr_in *)in)->sin_port;
-  else if (in->ss_family == AF_INET6)
-    pp = &((struct sockaddr_in6 *)in)->sin6_port;
-  else
-    return -ENOTSUP;
-  if (!pick || *pp) {
-    *unlen = name_of(rt->sim, kind, ntohs(*pp), un);
-    return 0;
-  }
-  uint16_t port = pick_port(rt->sim, kind, un, unlen);
-  if (!port)
-    return -EADDRINUSE; /* a bind's answer when every port is held */
-  *pp = htons(port);
-  return 0;
-}
-
-int weft__sim_tcp_name(weft_rt *rt, struct sockaddr_storage *tcp,
-                       struct sockaddr_un *un, unsigned *unlen, bool listener) {
-  return port_name(rt, tcp, 'l', listener, un, unlen);
-}
-
-int weft__sim_udp_name(weft_rt *rt, struct sockaddr_storage *udp,
-                       struct sockaddr_un *un, unsigned *unlen, bool bind) {
-  return port_name(rt, udp, 'u', bind, un, unlen);
-}
-
-int weft__sim_tcp_bind_client(weft_rt *rt, int fd) {
-  struct sockaddr_un un;
-  unsigned len;
-  uint16_t port = pick_port(rt->sim, 'c', &un, &len);
-  if (!port)
-    return -EADDRNOTAVAIL; /* a connect's answer when every port is held */
-  if (bind(fd, (struct sockaddr *)&un, len) < 0)
-    return -errno;
-  return port;
-}
-
-uint16_t weft__sim_port_of(const struct sockaddr_un *un, unsigned len) {
-  size_t off = offsetof(struct sockaddr_un, sun_path);
-  if (len <= off + 1 || un->sun_path[0])
-    return 0;
-  const char *end = (const char *)un + len, *p = end;
-  while (p > un->sun_path + 1 && p[-1] >= '0' && p[-1] <= '9')
-    p--;
-  unsigned v = 0;
-  for (; p < end; p++)
-    v = v * 10 + (unsigned)(*p - '0');
-  return v <= 65535 ? (uint16_t)v : 0;
-}
-
-void weft__sim_host_addr(int family, uint16_t port, struct sockaddr *out,
-                         unsigned *len) {
-  struct sockaddr_storage ss;
-  memset(&ss, 0, sizeof(ss));
-  unsigned n;
-  if (family == AF_INET6) {
-    struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
-    a->sin6_family = AF_INET6;
-    a->sin6_port = htons(port);
-    a->sin6_addr = in6addr_loopback;
-    n = sizeof(*a);
-  } else {
-    struct sockaddr_in *a = (struct sockaddr_in *)&ss;
-    a->sin_family = AF_INET;
-    a->sin_port = htons(port);
-    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    n = sizeof(*a);
-  }
-  memcpy(out, &ss, *len < n ? *len : n);
-  *len = n;
+uint16_t weft__sim_next_port(weft_rt *rt) {
+  uint32_t n = weft__fetch_add(&rt->sim->ports_taken, 1, WA_RLX);
+  return (uint16_t)(WEFT_SIM_FIRST_PORT + n % (65536 - WEFT_SIM_FIRST_PORT));
 }
 
 /* ---- the driver ---------------------------------------------------------- */

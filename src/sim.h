@@ -81,6 +81,12 @@ uint16_t weft__sim_port_of(const struct sockaddr_un *un, unsigned len);
  * TCP and UDP addresses read. */
 void weft__sim_host_addr(int family, uint16_t port, struct sockaddr *out,
                          unsigned *len);
+/* The simulated host's ephemeral ports start here (sim_host.c); sim.c
+ * keeps the sequence (the next one, taken; any thread) and the host's
+ * serial, which its socket names carry. */
+#define WEFT_SIM_FIRST_PORT 32768u
+uint16_t weft__sim_next_port(weft_rt *rt);
+unsigned weft__sim_serial(weft_rt *rt);
 /* Puts n readiness events of one epoll wait in a drawn order (io_epoll.c). */
 void weft__sim_shuffle(weft_rt *rt, uint64_t *data, uint32_t *bits, unsigned n);
 #else
