@@ -456,10 +456,10 @@ int weft__io_poll_fd(struct weft__shard *sh, int fd, unsigned events,
 }
 
 int weft__io_accept(struct weft__shard *sh, int fd, int flags,
-                    struct weft__ioh *h, struct weft__io_hold *hold) {
+                    struct weft__ioh *h) {
   struct weft__io *io = ring_io(sh);
-  return io ? queued(sh, weft__uring_accept(io, fd, flags, h, hold),
-                     WEFT_OP_ACCEPT, fd)
+  return io ? queued(sh, weft__uring_accept(io, fd, flags, h), WEFT_OP_ACCEPT,
+                     fd)
             : -EAGAIN;
 }
 

@@ -121,17 +121,6 @@ struct weft__ioh {
                const struct weft__cqe *c);
 };
 
-/* A count that stays raised while an operation waits in a ring's SQ: the
- * ring's holder drops it (seq_cst) after the enter that took the entry, so
- * a thread that sees it at 0 knows the kernel has issued the operation
- * (listen.c: accepts, which a descriptor shortage must find there to
- * cancel them). */
-struct weft__io_hold {
-  struct weft__io_hold *next;
-  _Atomic uint32_t *count;
-  uint32_t pos; /* the entry's SQ index + 1: consumed once khead is there */
-};
-
 #define WEFT_IO_EVBUF 64
 #define WEFT_RBUF_COUNT 128u /* a power of two */
 #define WEFT_RBUF_SIZE 4096u
@@ -141,12 +130,11 @@ struct weft__io {
   int kind; /* WEFT_BACKEND_URING or WEFT_BACKEND_EPOLL */
   int efd;  /* eventfd: written to wake the holder from its wait */
   struct weft__shard *sh;
-  unsigned unsubmitted;        /* uring: SQEs prepared and not yet entered */
-  struct weft__io_hold *holds; /* uring: dropped once their entry is in */
-  unsigned close_n;            /* uring: close entries not yet entered */
-  uint32_t close_pos;          /* uring: the last one's SQ index + 1 */
-  bool wake_armed;             /* uring: a poll of efd is in the ring */
-  void *ring;                  /* uring: struct io_uring */
+  unsigned unsubmitted; /* uring: SQEs prepared and not yet entered */
+  unsigned close_n;     /* uring: close entries not yet entered */
+  uint32_t close_pos;   /* uring: the last one's SQ index + 1 */
+  bool wake_armed;      /* uring: a poll of efd is in the ring */
+  void *ring;           /* uring: struct io_uring */
   /* uring: provided receive buffers, NULL if the kernel has none */
   void *br; /* struct io_uring_buf_ring */
   struct weft__rbuf *rbufs;
@@ -232,10 +220,9 @@ int weft__io_file(struct weft__shard *sh, const struct weft__fileop *op,
                   struct weft__ioh *h);
 /* A multishot accept (rt->io.ring_accept): a completion per connection,
  * with WEFT_CQE_MORE while it goes on, until an error or a cancel ends
- * it. hold's count, raised by the caller, drops once the entry has been
- * entered: from then on weft__io_cancel_sync can find it. */
+ * it. */
 int weft__io_accept(struct weft__shard *sh, int fd, int flags,
-                    struct weft__ioh *h, struct weft__io_hold *hold);
+                    struct weft__ioh *h);
 /* Cancels h's operation op; its completion still comes. now: enter it at
  * once rather than with the thread's next enter (it still reaps nothing).
  * The cancel's own result is not reported. */

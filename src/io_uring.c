@@ -100,14 +100,13 @@ bool weft__uring_accept_multishot(void) {
   return weft__load(&accept_multishot, WA_ACQ) != 0;
 }
 
-/* A listener's accept is one multishot request (5.19) that fd_limit may
- * have to end from another thread with a synchronous cancel
- * (IORING_REGISTER_SYNC_CANCEL, 6.0). Only from 6.10 does a cancel that
- * returned mean the request accepts nothing more: before, the task work
- * running a woken accept checked for a cancel and then took the ring's
- * lock with a trylock, falling back to a blocking take, so the accept
- * could run after the cancel returned ("io_uring: force tw ctx locking"
- * made it take the lock first). 6.10 is told by the flag it brought,
+/* A listener's accept is one multishot request (5.19), used from 6.10
+ * on, where a cancel that returned (IORING_REGISTER_SYNC_CANCEL, 6.0)
+ * means the request accepts nothing more: before, the task work running
+ * a woken accept checked for a cancel and then took the ring's lock with
+ * a trylock, falling back to a blocking take, so the accept could run
+ * after the cancel returned ("io_uring: force tw ctx locking" made it
+ * take the lock first). 6.10 is told by the flag it brought,
  * IORING_ACCEPT_DONTWAIT (refused with -EINVAL before; with it, an accept
  * with none waiting says -EAGAIN). Then the features themselves: with
  * nobody connecting a multishot accept must wait (no completion), the
@@ -241,24 +240,11 @@ void weft__uring_teardown(struct weft__io *io) {
  * in order from the head and has written khead when the enter returns
  * (an enter may take only part of the SQ: no memory for requests, or an
  * entry that fails its checks). Every entry before khead has been issued:
- * an accept is in the kernel, where a synchronous cancel finds it, and
- * closes of sockets have finished. So their holds and the close count
- * drop here, before any completion of theirs can be reaped: a hold is
- * never relinked while still listed. */
+ * closes of sockets have finished, so the close count drops here. */
 static void entered(struct weft__io *io) {
   struct io_uring *ring = ring_of(io);
   uint32_t head = IO_URING_READ_ONCE(*ring->sq.khead);
   io->unsubmitted = io_uring_sq_ready(ring);
-  struct weft__io_hold **pp = &io->holds;
-  while (*pp) {
-    struct weft__io_hold *h = *pp;
-    if ((int32_t)(head - h->pos) >= 0) {
-      *pp = h->next; /* before the drop: h may be reused after it */
-      weft__fetch_sub(h->count, 1, WA_SC);
-    } else {
-      pp = &h->next;
-    }
-  }
   if (io->close_n && (int32_t)(head - io->close_pos) >= 0) {
     unsigned n = io->close_n;
     io->close_n = 0;
@@ -523,15 +509,12 @@ int weft__uring_file(struct weft__io *io, const struct weft__fileop *op,
 }
 
 int weft__uring_accept(struct weft__io *io, int fd, int flags,
-                       struct weft__ioh *h, struct weft__io_hold *hold) {
+                       struct weft__ioh *h) {
   struct io_uring_sqe *sqe = weft__uring_sqe(io);
   if (!sqe)
     return -EAGAIN;
   io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, flags);
   io_uring_sqe_set_data64(sqe, tag(h, WEFT_OP_ACCEPT));
-  hold->pos = ring_of(io)->sq.sqe_tail;
-  hold->next = io->holds;
-  io->holds = hold;
   return 0;
 }
 

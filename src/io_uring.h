@@ -50,7 +50,7 @@ int weft__uring_poll_fd(struct weft__io *io, int fd, unsigned events,
 int weft__uring_file(struct weft__io *io, const struct weft__fileop *op,
                      struct weft__ioh *h);
 int weft__uring_accept(struct weft__io *io, int fd, int flags,
-                       struct weft__ioh *h, struct weft__io_hold *hold);
+                       struct weft__ioh *h);
 int weft__uring_cancel(struct weft__io *io, uint64_t tag, bool now);
 /* The one verb any thread may use on any ring (io.h). */
 int weft__uring_cancel_sync(struct weft__io *io, uint64_t tag,

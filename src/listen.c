@@ -19,34 +19,28 @@
  * runtime of one shard): net.h lets a WEFT_LISTEN_SHARE listener join any
  * listener, and a socket bound without it can be joined by nobody.
  *
- * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike): the runtime
- * keeps one spare descriptor (/dev/null) for all its listeners, opened by
- * the first. On the error a socket closes the spare, accepts and closes at
- * once up to 64 of its waiting connections (their clients see a reset or
- * EOF instead of hanging), opens the spare again, and pauses accepting for
- * a backoff that doubles from 1 ms to 100 ms and resets on the next
- * successful accept. No accept call is made while paused.
+ * Out of descriptors (EMFILE, ENFILE; ENOBUFS, ENOMEM alike), a socket
+ * drops the connections waiting on it, so that their clients see a reset
+ * instead of hanging, and pauses accepting for a backoff that doubles
+ * from 1 ms to 100 ms and resets on the next successful accept. No accept
+ * call is made while paused. A TCP socket drops its queue without any
+ * descriptor (reset_queue): shutdown(2) of a listening socket resets
+ * every connection waiting, and listen(2) opens it again on the same
+ * port. A Unix socket cannot (its shutdown leaves the queue as it is):
+ * it accepts and closes up to 64, through a spare descriptor the runtime
+ * keeps open for that (/dev/null, opened by the first Unix listener)
+ * and closes just before (drop_with_spare). Any descriptor opened in the
+ * process between that close and the accept (a TCP accept, a file, the
+ * monitor's read of /proc) can take the freed slot: the drop then stops,
+ * and the spare is reopened before the socket's next accept.
  *
- * The drop must not race another accept, of any shard of any listener of
- * the runtime: one that ran between the close of the spare and the drop's
- * accept would take the freed slot, the spare could not be reopened, and
- * from then on nothing would be dropped. So fd_limit sets the runtime's
- * `limited` (seq_cst), waits until no shard of any listener accepts
- * without the lock (each listener's `active`, a Dekker pair with
- * `limited`), and from then on until an accept succeeds with the spare
- * back in place, every shard accepts under the runtime's limit_lock, which
- * also guards the spare. Without a descriptor shortage the accept path
- * takes no lock: one RMW pair on its listener's `active` per burst of up
- * to 64 accepts, or per arming of a multishot accept (ring_accept: its
- * count stays up until the enter that takes it to the kernel, where
- * fd_limit then ends it with a synchronous cancel). What opens descriptors
- * outside the accept path (a connect, a file, another runtime's accept)
- * can still take the freed slot: the spare is then reopened before the
- * next accept under the lock, and until it is, nothing is dropped.
+ * TCP does without the spare because nothing inside weft can keep the
+ * freed slot for the drop: under load the monitor's reads of /proc took
+ * it, and an accept that then took the last slot left the spare none.
  */
 #include "listen.h"
 
-#include "clock.h"
+#include "log.h"
 #include "rt.h"
 #include "sim.h"
 #include "sock.h"
@@ -59,7 +53,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <sched.h>
+#include <netinet/tcp.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
@@ -69,7 +63,6 @@
 #define ACCEPTQ_KEEP 256 /* room an emptied queue array keeps */
 #define BACKOFF_MIN_NS 1000000ull
 #define BACKOFF_MAX_NS 100000000ull
-#define ACTIVE_WAIT_NS 2000000ull /* fd_limit's wait for unlocked accepts */
 
 struct weft_listener {
   weft_rt *rt;
@@ -93,9 +86,6 @@ struct weft_listener {
   /* 1 once weft_tcp_listen has made and watched every socket; until then
    * none accepts (weft__lsock_run), so a listen that fails never has. */
   _Atomic uint32_t ready;
-  /* Out of descriptors (fd_limit): shards of l accepting without the
-   * runtime's limit_lock. */
-  _Atomic uint32_t active;
   weft_fn done;
   void *done_arg;
   struct sockaddr_storage addr;
@@ -108,12 +98,9 @@ struct weft_listener {
   unsigned sim_addrlen;
 #endif
   _Atomic uint64_t st_accepted, st_calls, st_limit, st_dropped, st_paused;
+  int backlog; /* listen(2)'s, again after a reset (reset_queue) */
   unsigned n;
   uint32_t *gens; /* socks[i]'s generation, for signals after its free */
-  /* The ring holding socks[i]'s multishot accept, NULL while none is
-   * armed: for fd_limit, on another strand, which must not read socks[i]
-   * itself (it may be freed meanwhile; see cancel_armed). */
-  _Atomic(struct weft__io *) *armed;
   struct lsock *socks[];
 };
 
@@ -143,11 +130,12 @@ struct lsock {
   bool readable;  /* connections may wait */
   bool polling;   /* uring: a poll of the socket is in the kernel */
   bool accepting; /* uring: a multishot accept is in the ring */
-  bool multishot; /* uring: it accepts so, when not limited */
+  bool multishot; /* uring: it accepts so, when not polling */
   bool paused;
-  bool placed;   /* uring: sent home once (go_home) */
-  bool at_limit; /* the last accept burst ran out of descriptors */
-  struct weft__io_hold acc_hold; /* its share of lst->active */
+  bool placed;     /* uring: sent home once (go_home) */
+  bool at_limit;   /* the last accept burst ran out of descriptors */
+  bool unlistened; /* TCP: its listen(2) after a reset failed: again */
+  bool respare;    /* Unix: its last drop left no spare: reopen first */
   pthread_mutex_t qlock;
   struct acceptq q, taken;
   uint32_t tpos; /* taken's next descriptor */
@@ -196,32 +184,6 @@ static void pause_backoff(struct lsock *ls) {
     ls->paused = false; /* shutting down: the sweep closes us */
 }
 
-/* Ends every multishot accept of l in the kernel, which would take a
- * descriptor whenever a connection comes; true once none is left. Called
- * by fd_limit with `limited` set and `active` seen at 0: no accept is
- * armed any more, and each armed before has been entered, so it is in its
- * ring, where a synchronous cancel from this thread finds it. An armer
- * publishes its ring in armed[i] (release) before the enter whose hold
- * drop (seq_cst) our load of `active` read from or followed, so we see it.
- * A stale ring (that accept ended meanwhile, its socket maybe freed) makes
- * a cancel that finds nothing, or, were the socket's memory a new
- * listening socket's with an accept in that ring, ends that one, which
- * arms again like any cancelled one (ring_accepted): the socket is never
- * read here. A cancel that fails otherwise (-ETIME: the request was
- * running past the bound) leaves the drop for the next try. */
-static bool cancel_armed(struct weft_listener *l) {
-  for (unsigned i = 0; i < l->n; i++) {
-    struct weft__io *io = weft__load(&l->armed[i], WA_ACQ);
-    if (!io)
-      continue;
-    int r = weft__io_cancel_sync(io, &l->socks[i]->s.ioh, WEFT_OP_ACCEPT,
-                                 ACTIVE_WAIT_NS);
-    if (r && r != -ENOENT)
-      return false;
-  }
-  return true;
-}
-
 /* The spare, if it is not open: 0 once it is, or a negative errno. With
  * the runtime's limit_lock held. */
 static int reopen_spare(weft_rt *rt) {
@@ -235,50 +197,17 @@ static int reopen_spare(weft_rt *rt) {
   return 0;
 }
 
-/* Whether no shard of any listener of rt accepts without the lock, waiting
- * for it at most ACTIVE_WAIT_NS, then their armed accepts ended. The list
- * is read under life.lock: a listener published after that read
- * (listener_keep, before its sockets accept) follows our store of
- * `limited` through the lock, so its accepts see it. The list only grows
- * at its head, and loses a listener only at destroy, so it is walked
- * without the lock. */
-static bool quiet_all(weft_rt *rt) {
-  pthread_mutex_lock(&rt->life.lock);
-  struct weft_listener *all = rt->net.listeners;
-  pthread_mutex_unlock(&rt->life.lock);
-  uint64_t t0 = weft__now_ns();
-  for (struct weft_listener *o = all; o; o = o->next)
-    while (weft__load(&o->active, WA_SC)) {
-      if (weft__now_ns() - t0 > ACTIVE_WAIT_NS)
-        return false;
-      sched_yield();
-    }
-  for (struct weft_listener *o = all; o; o = o->next)
-    if (!cancel_armed(o))
-      return false;
-  return true;
-}
-
-/* Descriptors ran out: drop what waits on ls, using the spare, then pause.
- * With the runtime's limit_lock held. */
-static void fd_limit(struct lsock *ls) {
+/* A Unix socket's drop: the spare's slot, freed, takes each connection in
+ * turn. Under limit_lock: two listeners' drops would share the one slot.
+ * Without a spare (something took the slot of the last drop) nothing is
+ * dropped this time. A slot taken only for a moment (the monitor reads
+ * /proc) is back by the socket's next accept, which reopens the spare
+ * first (respare): else that accept would take it, and the spare none. */
+static void drop_with_spare(struct lsock *ls) {
   struct weft_listener *l = ls->lst;
   weft_rt *rt = l->rt;
-  weft__fetch_add(&l->st_limit, 1, WA_RLX);
-  /* Set again, under the lock: accept_locked set it before it waited for
-   * the lock, and the holder before us may have cleared it on success
-   * since, which would let other shards arm accepts after the wait and
-   * the cancels below. */
-  weft__store(&rt->net.limited, 1, WA_SC);
-  /* Shards accepting without the lock saw `limited` clear: let them
-   * finish their burst (a few syscalls), and armed accepts their enter
-   * (cancel_armed then ends them), before a slot is freed. The latter may
-   * wait for a thread's handler (its next enter comes within 8 items, or
-   * at a handoff), so the wait is bounded: past it nothing is dropped
-   * this time, and the pause below lets the clients wait for the next
-   * try. Without a spare (something outside the accept path took the
-   * slot of the last drop) nothing is dropped either. */
-  if (quiet_all(rt) && reopen_spare(rt) == 0) {
+  pthread_mutex_lock(&rt->net.limit_lock);
+  if (reopen_spare(rt) == 0) {
     close(rt->net.spare);
     rt->net.spare_open = false;
     for (int i = 0; i < ACCEPT_BUDGET; i++) {
@@ -287,11 +216,62 @@ static void fd_limit(struct lsock *ls) {
         continue;
       if (fd < 0)
         break;
+      weft__fetch_add(&l->st_dropped, 1, WA_RLX); /* before its client
+                                                     sees it */
       close(fd);
-      weft__fetch_add(&l->st_dropped, 1, WA_RLX);
     }
-    (void)reopen_spare(rt); /* failing: again before the next accept */
   }
+  ls->respare = reopen_spare(rt) != 0;
+  pthread_mutex_unlock(&rt->net.limit_lock);
+}
+
+/* listen(2) on a TCP socket reset_queue closed; false if it failed
+ * (logged once, until it succeeds): it is tried again after a pause. */
+static bool relisten(struct lsock *ls) {
+  if (listen(ls->s.fd, ls->lst->backlog) == 0) {
+    ls->unlistened = false;
+    return true;
+  }
+  int err = errno;
+  if (!ls->unlistened)
+    weft__log(weft__sock_rt(&ls->s), WEFT_LOG_ERROR,
+              "listener socket %d: listen after dropping its queue: %s; "
+              "retried after a pause",
+              ls->s.fd, strerror(err));
+  ls->unlistened = true;
+  return false;
+}
+
+/* A TCP socket's drop, with no descriptor: shutdown(2) of a listening
+ * socket aborts every connection in its queue (each client gets a reset)
+ * and leaves the socket bound, not listening; listen(2) makes it listen
+ * again. Its port stays its own meanwhile, as it was bound by number
+ * (probe_free picks a port 0 first: a socket bound to port 0 would let
+ * go of the port at the shutdown). Clients that come in between go to
+ * the group's other sockets, or are refused. dropped counts the queue's
+ * length read just before (TCP_INFO gives a listener's in tcpi_unacked):
+ * one that arrives between the read and the shutdown is reset too, but
+ * not counted. A socket not listening (its listen failed) has none, and
+ * its shutdown fails. */
+static void reset_queue(struct lsock *ls) {
+  struct tcp_info ti;
+  socklen_t len = sizeof(ti);
+  uint32_t waiting = 0;
+  if (getsockopt(ls->s.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0)
+    waiting = ti.tcpi_unacked;
+  /* Counted first: a client may see its reset before a count after. */
+  weft__fetch_add(&ls->lst->st_dropped, waiting, WA_RLX);
+  if (shutdown(ls->s.fd, SHUT_RD) == 0)
+    (void)relisten(ls);
+}
+
+/* Descriptors ran out: drop what waits on ls, then pause. */
+static void fd_limit(struct lsock *ls) {
+  weft__fetch_add(&ls->lst->st_limit, 1, WA_RLX);
+  if (weft__listener_family(ls->lst) == AF_UNIX)
+    drop_with_spare(ls);
+  else
+    reset_queue(ls);
   pause_backoff(ls);
 }
 
@@ -352,47 +332,15 @@ static void accept_burst(struct lsock *ls) {
  * only, lsock_add says why): one multishot accept request, armed in this
  * thread's ring, waiting in the kernel and completing once per connection
  * until an error or a cancel ends it. A listener then costs no system
- * call or request of its own per connection. The request keeps `active`
- * raised until an enter has taken it to the kernel, and says in armed[]
- * where it is, for fd_limit's cancel. */
+ * call or request of its own per connection. */
 static bool ring_accept(struct lsock *ls) {
-  struct weft_listener *l = ls->lst;
   struct weft__shard *sh = weft__local_begin(weft__sock_rt(&ls->s));
-  struct weft__io *io = weft__io_of(sh);
-  weft__store(&l->armed[ls->idx], io, WA_REL);
-  ls->accepting = io && weft__io_accept(sh, ls->s.fd, SOCK_CLOEXEC, &ls->s.ioh,
-                                        &ls->acc_hold) == 0;
+  ls->accepting =
+      sh && weft__io_accept(sh, ls->s.fd, SOCK_CLOEXEC, &ls->s.ioh) == 0;
   if (ls->accepting)
-    weft__fetch_add(&l->st_calls, 1, WA_RLX);
-  else
-    weft__store(&l->armed[ls->idx], NULL, WA_RLX);
+    weft__fetch_add(&ls->lst->st_calls, 1, WA_RLX);
   weft__local_end(sh);
   return ls->accepting;
-}
-
-/* Accepting under the runtime's limit_lock, after a shortage. */
-static void accept_locked(struct lsock *ls) {
-  weft_rt *rt = ls->lst->rt;
-  weft__store(&rt->net.limited, 1, WA_SC);
-  /* Accept requests in this thread's ring hold `active` up until entered:
-   * enter them, or fd_limit (ours, or another shard's that holds the
-   * lock) would wait for this thread. Other threads enter theirs when
-   * they run out of work or within 8 items; a thread stuck in a handler,
-   * after the monitor hands its shard (and ring) on. */
-  struct weft__shard *sh = weft__local_begin(weft__sock_rt(&ls->s));
-  if (sh)
-    weft__io_flush(sh);
-  weft__local_end(sh);
-  pthread_mutex_lock(&rt->net.limit_lock);
-  if (!ls->at_limit) {
-    (void)reopen_spare(rt); /* failing: stays limited, tried again */
-    accept_burst(ls);
-  }
-  if (ls->at_limit)
-    fd_limit(ls);
-  else if (rt->net.spare_open)
-    weft__store(&rt->net.limited, 0, WA_SC); /* accepting works again */
-  pthread_mutex_unlock(&rt->net.limit_lock);
 }
 
 /* With completions, the accepts of a socket go to the ring of the thread
@@ -422,25 +370,29 @@ static bool go_home(struct lsock *ls) {
 }
 
 static void accept_more(struct lsock *ls) {
-  struct weft_listener *l = ls->lst;
   if (ls->paused || ls->accepting || go_home(ls))
     return;
+  if (ls->unlistened && !relisten(ls)) {
+    pause_backoff(ls);
+    return;
+  }
   bool ring = ls->multishot && !ls->polling; /* not beside accept_burst's */
   if (!ring && !ls->readable) {
     if (completes(ls) && !ls->polling)
       poll_submit(ls);
     return;
   }
-  ls->at_limit = false;
-  weft__fetch_add(&l->active, 1, WA_SC);
-  bool limited = weft__load(&l->rt->net.limited, WA_SC);
-  if (!limited && ring && ring_accept(ls))
-    return; /* `active` is dropped once the request is entered */
-  if (!limited)
-    accept_burst(ls);
-  weft__fetch_sub(&l->active, 1, WA_SC);
-  if (limited || ls->at_limit)
-    accept_locked(ls);
+  if (ring && ring_accept(ls))
+    return;
+  if (ls->respare) {
+    weft_rt *rt = ls->lst->rt;
+    pthread_mutex_lock(&rt->net.limit_lock);
+    ls->respare = reopen_spare(rt) != 0;
+    pthread_mutex_unlock(&rt->net.limit_lock);
+  }
+  accept_burst(ls);
+  if (ls->at_limit)
+    fd_limit(ls);
 }
 
 static void acceptq_free(struct lsock *ls) {
@@ -533,7 +485,6 @@ static void ring_accepted(struct lsock *ls) {
     return;
   ls->ended = false;
   ls->accepting = false;
-  weft__store(&l->armed[ls->idx], NULL, WA_RLX);
   /* Whatever ended it, an accept4 tells whether connections wait. */
   ls->readable = true;
   int res = ls->aend;
@@ -545,11 +496,11 @@ static void ring_accepted(struct lsock *ls) {
     return; /* a connection that failed before it was accepted */
   if (ls->at_limit) {
     /* The kernel took RLIMIT_NOFILE when the request was armed: accept4
-     * under the lock tells with today's limit whether descriptors are
-     * short (a raised limit is then not taken for a shortage, which would
-     * drop clients). */
-    ls->at_limit = false;
-    accept_locked(ls);
+     * tells with today's limit whether descriptors are short (a raised
+     * limit is then not taken for a shortage, which would drop clients). */
+    accept_burst(ls);
+    if (ls->at_limit)
+      fd_limit(ls);
   } else if (ls->readable) {
     pause_backoff(ls); /* an unexpected error: not again at once */
   }
@@ -558,10 +509,9 @@ static void ring_accepted(struct lsock *ls) {
 /* One of l's items (`live`) is finished: the last calls done. The struct
  * stays on rt->net.listeners until weft_rt_destroy, holding no descriptor
  * (the spare is the runtime's): a weft_listener_close after a shutdown
- * must find close_claim to return -EALREADY, a closer still signals the
- * sockets (l->socks, l->n) after the fetch_or that let this call done,
- * and fd_limit walks the list without a lock, so freeing here could pull
- * the memory from under either. */
+ * must find close_claim to return -EALREADY, and a closer still signals
+ * the sockets (l->socks, l->n) after the fetch_or that let this call
+ * done, so freeing here could pull the memory from under either. */
 static void live_drop(struct weft_listener *l) {
   /* seq_cst: the closer's done and done_arg were written before its
    * fetch_or, which this reads from (or follows) when it sees the bit. */
@@ -577,10 +527,6 @@ static void live_drop(struct weft_listener *l) {
  * the signal (release) orders this before the connection's drop. */
 void weft__listener_hold(struct weft_listener *l) {
   weft__fetch_add(&l->live, 2, WA_RLX);
-}
-
-uint32_t weft__listener_active(const struct weft_listener *l) {
-  return weft__load(&l->active, WA_SC);
 }
 
 void weft__listener_deliver(struct weft_listener *l, weft_tcp *conn) {
@@ -701,6 +647,12 @@ static int probe_free(weft_rt *rt, struct weft_listener *l) {
   return r;
 }
 
+static bool port_zero(const struct weft_listener *l) {
+  if (l->addr.ss_family == AF_INET)
+    return ((const struct sockaddr_in *)&l->addr)->sin_port == 0;
+  return ((const struct sockaddr_in6 *)&l->addr)->sin6_port == 0;
+}
+
 /* A socket that never ran: its timer (if made) goes with it. */
 static void lsock_discard(struct lsock *ls) {
   if (ls->timer)
@@ -728,7 +680,6 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
    * in the kernel (its accept just finds none waiting, and waits on), so
    * nothing would end one at a close. Those poll, as older kernels do. */
   ls->multishot = rt->io.ring_accept && l->addr.ss_family != AF_UNIX;
-  ls->acc_hold.count = &l->active;
   pthread_mutex_init(&ls->qlock, NULL);
   ls->q = ls->taken = (struct acceptq){0};
   ls->tpos = 0;
@@ -747,8 +698,7 @@ static int lsock_add(weft_rt *rt, struct weft_listener *l, unsigned i, int fd) {
 
 static void listener_free(struct weft_listener *l) { free(l); }
 
-/* l is the runtime's from here on: weft__listen_destroy frees it. Before
- * its sockets may accept (`ready`): fd_limit must find it (quiet_all). */
+/* l is the runtime's from here on: weft__listen_destroy frees it. */
 static void listener_keep(weft_rt *rt, struct weft_listener *l) {
   pthread_mutex_lock(&rt->life.lock);
   l->next = rt->net.listeners;
@@ -813,12 +763,10 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
     return -EINVAL; /* no SO_REUSEPORT groups for Unix sockets */
   unsigned n = (flags & WEFT_LISTEN_SINGLE) || is_unix ? 1 : rt->nshards;
   struct weft_listener *l =
-      calloc(1, sizeof(*l) + n * (sizeof(l->socks[0]) + sizeof(l->armed[0]) +
-                                  sizeof(uint32_t)));
+      calloc(1, sizeof(*l) + n * (sizeof(l->socks[0]) + sizeof(uint32_t)));
   if (!l)
     return -ENOMEM;
-  l->armed = (_Atomic(struct weft__io *) *)&l->socks[n];
-  l->gens = (uint32_t *)&l->armed[n];
+  l->gens = (uint32_t *)&l->socks[n];
   l->rt = rt;
   l->n = n;
   l->fn = fn;
@@ -829,12 +777,17 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   memcpy(&l->sim_addr, &tcp, tcplen);
   l->sim_addrlen = tcplen;
 #endif
-  /* Under the lock: a drop under way has the spare's slot free. */
-  pthread_mutex_lock(&rt->net.limit_lock);
-  r = reopen_spare(rt);
-  pthread_mutex_unlock(&rt->net.limit_lock);
+  l->backlog = backlog;
+  if (is_unix) { /* the spare (drop_with_spare); under the lock: a drop
+                    under way has its slot free */
+    pthread_mutex_lock(&rt->net.limit_lock);
+    r = reopen_spare(rt);
+    pthread_mutex_unlock(&rt->net.limit_lock);
+  }
   bool reuseport = !is_unix;
-  if (!r && !(flags & WEFT_LISTEN_SHARE) && reuseport)
+  /* Port 0 is picked here even when shared: each socket must be bound by
+   * number to keep its port through a reset (reset_queue). */
+  if (!r && reuseport && (!(flags & WEFT_LISTEN_SHARE) || port_zero(l)))
     r = probe_free(rt, l);
   /* An item per socket, each dropped when that socket closes. */
   weft__store(&l->live, (uint64_t)n << 1, WA_RLX);

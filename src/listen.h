@@ -19,9 +19,6 @@ void weft__listener_deliver(struct weft_listener *l, weft_tcp *conn);
 void weft__listener_delivered(struct weft_listener *l);
 /* The family of l's socket (AF_UNIX under a simulated TCP port). */
 int weft__listener_family(const struct weft_listener *l);
-/* For tests: shards accepting without the limit lock now, multishot
- * accepts not yet entered included (0 once the listener is quiet). */
-uint32_t weft__listener_active(const struct weft_listener *l);
 #ifdef WEFT_SIM
 /* Whether l listens on a simulated TCP port (sim.h), and which. */
 bool weft__listener_sim_port(const struct weft_listener *l, int *family,

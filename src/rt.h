@@ -102,12 +102,10 @@ struct weft_rt {
     _Atomic uint32_t no_multishot;   /* it refused a multishot receive */
     _Atomic uint64_t recv_nobufs;    /* multishot receives that found none */
     struct weft_listener *listeners; /* under life.lock; freed at destroy */
-    /* Running out of descriptors, shared by every listener (listen.c,
-     * fd_limit): while `limited`, every accept runs under limit_lock;
-     * the spare descriptor (spare_open, spare: under limit_lock) is
-     * opened by the first listener and closed at destroy. */
+    /* The spare descriptor of Unix listeners' drops (listen.c,
+     * drop_with_spare; spare_open and spare under limit_lock), opened by
+     * the first Unix listener, closed at destroy. */
     pthread_mutex_t limit_lock;
-    _Atomic uint32_t limited;
     bool spare_open;
     int spare;
   } net;

@@ -120,7 +120,7 @@ typedef struct weft_listener_stats {
   uint64_t accepted;      /* connections handed to the accept callback */
   uint64_t accept_calls;  /* accept attempts (syscalls or io_uring ops) */
   uint64_t fd_limit_hits; /* EMFILE / ENFILE / ENOBUFS / ENOMEM from accept */
-  uint64_t dropped; /* connections closed at once while descriptors ran out */
+  uint64_t dropped; /* connections reset or closed while descriptors ran out */
   uint64_t paused;  /* times accepting paused (then resumed with backoff) */
 } weft_listener_stats;
 
@@ -131,14 +131,18 @@ typedef struct weft_listener_stats {
  * WEFT_LISTEN_SHARE is given; the check is made just before the shards' sockets
  * bind, so a socket bound by someone else in between can still be joined. When
  * descriptors run out (EMFILE, ENFILE) accepting pauses, backing off from 1 ms
- * to 100 ms, and resumes by itself; connections that arrive meanwhile are
- * accepted and closed at once with a spare descriptor kept for that, so clients
- * do not hang. The spare is one per runtime, shared by all its listeners:
- * opened by its first listen, closed by weft_rt_destroy; while any of them
- * is short, every listener of the runtime accepts under one lock, so none
- * takes the slot a drop frees. Descriptors opened meanwhile elsewhere (by
- * other code of the process, or another runtime) may still take it: until
- * one is freed nothing is dropped, and clients wait. On io_uring a TCP
+ * to 100 ms, and resumes by itself; the connections waiting meanwhile are
+ * dropped, so clients do not hang. A TCP socket resets its whole queue
+ * (shutdown(2) of a listening socket, then listen(2) again on the same port),
+ * which takes no descriptor: each client waiting sees a reset, and one that
+ * comes in that instant may see its connect refused or reset. `dropped`
+ * counts the queue read just before, so it may miss one that came in
+ * between. A Unix socket accepts and closes up to 64 at a time through a
+ * spare descriptor, one per runtime, opened by its first Unix listen and
+ * closed by weft_rt_destroy: a descriptor opened elsewhere in the process
+ * in between (a TCP accept included) can take the spare's slot, and until
+ * one is freed nothing more is dropped there, and its clients wait. On
+ * io_uring a TCP
  * listener's sockets each keep one accept request waiting in the kernel, which
  * reads RLIMIT_NOFILE when the request is made: a soft limit lowered while the
  * listener runs binds its accepts from the next request on (after an error, a
