@@ -106,7 +106,9 @@ bool weft__uring_accept_multishot(void) {
  * a woken accept checked for a cancel and then took the ring's lock with
  * a trylock, falling back to a blocking take, so the accept could run
  * after the cancel returned ("io_uring: force tw ctx locking" made it
- * take the lock first). 6.10 is told by the flag it brought,
+ * take the lock first). No accept is cancelled from another thread now,
+ * but the kernels between are untried (docs/design.md). 6.10 is told by
+ * the flag it brought,
  * IORING_ACCEPT_DONTWAIT (refused with -EINVAL before; with it, an accept
  * with none waiting says -EAGAIN). Then the features themselves: with
  * nobody connecting a multishot accept must wait (no completion), the
