@@ -33,6 +33,13 @@
  *   - every client that comes then is dropped;
  *   - once descriptors are back, clients of both sockets are accepted
  *     again, none dropped.
+ * And a socket whose listen(2) fails after a reset (listen is wrapped at
+ * link time to fail 3 times; in life, an address taken with SO_REUSEADDR
+ * in that instant), test_emfile_relisten_fails:
+ *   - the failure is logged once, at WEFT_LOG_ERROR;
+ *   - clients meanwhile are dropped (refused), none hangs;
+ *   - listen is tried again after each pause, and once it succeeds the
+ *     socket accepts again.
  * And NLISTEN listeners of one runtime, each of two sockets, that clients
  * come to in turn, 4 at a time, CLIENTS in all, far more than there are
  * descriptors (test_emfile_listeners), ROUNDS rounds:
@@ -57,6 +64,26 @@
 #define NLISTEN 3
 #define CLIENTS 96
 #define ROUNDS 20
+
+/* listen(2), wrapped (-Wl,--wrap=listen): fails with EADDRINUSE while
+ * g_fail_listens > 0, counting down. */
+int __real_listen(int fd, int backlog);
+int __wrap_listen(int fd, int backlog);
+static atomic_int g_fail_listens;
+static atomic_int g_listens_ok;
+
+int __wrap_listen(int fd, int backlog) {
+  int n = atomic_load(&g_fail_listens);
+  while (n > 0)
+    if (atomic_compare_exchange_weak(&g_fail_listens, &n, n - 1)) {
+      errno = EADDRINUSE;
+      return -1;
+    }
+  int r = __real_listen(fd, backlog);
+  if (r == 0)
+    atomic_fetch_add(&g_listens_ok, 1);
+  return r;
+}
 
 /* ------------------------------------------------------ the helper process */
 
@@ -408,7 +435,7 @@ static unsigned fds_open(void) {
 }
 
 /* One per run: after a failed run its runtime is left running. */
-static server g_servers[5];
+static server g_servers[6];
 
 /* A run's runtime and sv, listening (listen_low). */
 static weft_rt *run_begin(server *sv, unsigned flags, weft_listener **idle,
@@ -580,6 +607,58 @@ static void test_emfile_unix(void **state) {
   run_end(rt, sv, idle, fds_before);
 }
 
+static atomic_int g_relisten_logs;
+
+static void relisten_log(void *ctx, int level, const char *msg) {
+  (void)ctx;
+  if (level == WEFT_LOG_ERROR && strstr(msg, "listen after dropping"))
+    atomic_fetch_add(&g_relisten_logs, 1);
+  else if (level <= WEFT_LOG_WARN && !strstr(msg, "stall"))
+    fprintf(stderr, "weft: %s\n", msg);
+}
+
+static bool pred_relistened(void *ctx, char *buf, size_t len) {
+  int ok0 = *(int *)ctx;
+  snprintf(buf, len, "listens to fail left %d, listens that worked %d",
+           atomic_load(&g_fail_listens), atomic_load(&g_listens_ok) - ok0);
+  return atomic_load(&g_fail_listens) == 0 && atomic_load(&g_listens_ok) > ok0;
+}
+
+static void test_emfile_relisten_fails(void **state) {
+  (void)state;
+  tu_phase("emfile, listen fails after the reset");
+  unsigned fds_before = fds_open();
+  server *sv = &g_servers[5];
+  tu_reset_async_errors();
+  g_runs_left_running++;
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = NWORKERS;
+  cfg.log_fn = relisten_log;
+  weft_rt *rt;
+  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
+  tu_assert_backend(rt);
+  memset(sv, 0, sizeof *sv);
+  pthread_mutex_init(&sv->m, NULL);
+  tu_event_init(&sv->accepted);
+  tu_event_init(&sv->closed);
+  weft_listener *idle;
+  uint16_t port = listen_low(rt, WEFT_LISTEN_SINGLE, sv, &idle);
+  int ok0 = atomic_load(&g_listens_ok);
+  atomic_store(&g_relisten_logs, 0);
+  atomic_store(&g_fail_listens, 3);
+  assert_int_equal(child_call('c', port, FIRST), FIRST);
+  (void)check_handled(sv, &sv->l, 1, 0, FIRST, 0, 0);
+  tu_wait_until(pred_relistened, &ok0, "listen to work again");
+  assert_int_equal(atomic_load(&g_relisten_logs), 1);
+
+  close_accepted(sv);
+  check_resumes(sv, 'c', port);
+  close_accepted(sv);
+  restore_fd_limit(NULL);
+  run_end(rt, sv, idle, fds_before);
+}
+
 static void test_emfile(void **state) {
   (void)state;
   run_emfile(0);
@@ -607,6 +686,7 @@ int main(void) {
       cmocka_unit_test_teardown(test_emfile_other_waiting, restore_fd_limit),
       cmocka_unit_test_teardown(test_emfile_listeners, restore_fd_limit),
       cmocka_unit_test_teardown(test_emfile_unix, restore_fd_limit),
+      cmocka_unit_test_teardown(test_emfile_relisten_fails, restore_fd_limit),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   child_stop();
