@@ -98,7 +98,8 @@ struct weft_listener {
   unsigned sim_addrlen;
 #endif
   _Atomic uint64_t st_accepted, st_calls, st_limit, st_dropped, st_paused;
-  int backlog; /* listen(2)'s, again after a reset (reset_queue) */
+  int backlog;   /* listen(2)'s, again after a reset (reset_queue) */
+  bool migrates; /* a reset moves the queue to the group (reset_queue) */
   unsigned n;
   uint32_t *gens; /* socks[i]'s generation, for signals after its free */
   struct lsock *socks[];
@@ -251,16 +252,25 @@ static bool relisten(struct lsock *ls) {
  * the group's other sockets, or are refused. dropped counts the queue's
  * length read just before (TCP_INFO gives a listener's in tcpi_unacked):
  * one that arrives between the read and the shutdown is reset too, but
- * not counted. A socket not listening (its listen failed) has none, and
- * its shutdown fails. */
+ * not counted. An empty queue is left alone (a descriptor shortage makes
+ * every accept fail, connections waiting or not). A socket not listening
+ * (its listen failed) has none. With net.ipv4.tcp_migrate_req set (5.14,
+ * off by default) the kernel moves the queue of a group's socket to
+ * another socket of the group instead (`migrates`): nothing is counted
+ * then, and while every socket is short the clients wait. (A listener
+ * of one socket counts its resets, though a WEFT_LISTEN_SHARE listener
+ * that joined it later would take them.) */
 static void reset_queue(struct lsock *ls) {
+  struct weft_listener *l = ls->lst;
   struct tcp_info ti;
   socklen_t len = sizeof(ti);
-  uint32_t waiting = 0;
-  if (getsockopt(ls->s.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0)
-    waiting = ti.tcpi_unacked;
-  /* Counted first: a client may see its reset before a count after. */
-  weft__fetch_add(&ls->lst->st_dropped, waiting, WA_RLX);
+  if (getsockopt(ls->s.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) == 0) {
+    if (ti.tcpi_unacked == 0)
+      return;
+    /* Counted first: a client may see its reset before a count after. */
+    if (!l->migrates)
+      weft__fetch_add(&l->st_dropped, ti.tcpi_unacked, WA_RLX);
+  }
   if (shutdown(ls->s.fd, SHUT_RD) == 0)
     (void)relisten(ls);
 }
@@ -305,9 +315,9 @@ static bool accepted(struct lsock *ls, int fd) {
   }
 }
 
-/* Completions without a multishot accept (an older kernel, or accepting
- * under limit_lock): wait for connections with a poll of the listening
- * socket, then accept them with accept4. */
+/* Completions without a multishot accept (an older kernel, a Unix
+ * socket, or after an accept4 found none): wait for connections with a
+ * poll of the listening socket, then accept them with accept4. */
 static void poll_submit(struct lsock *ls) {
   struct weft__shard *sh = weft__local_begin(weft__sock_rt(&ls->s));
   ls->polling = weft__io_poll_fd(sh, ls->s.fd, WEFT_IO_IN, &ls->s.ioh) == 0;
@@ -489,8 +499,8 @@ static void ring_accepted(struct lsock *ls) {
   ls->readable = true;
   int res = ls->aend;
   if (ls->s.state != ST_OPEN || res == 0 || res == -ECANCELED)
-    return; /* a full CQ ended it, fd_limit, or its submitter's exit
-               (io_uring.c): accept_more arms another */
+    return; /* a full CQ ended it, or its submitter's exit (io_uring.c):
+               accept_more arms another */
   ls->at_limit = false;
   if (accepted(ls, res))
     return; /* a connection that failed before it was accepted */
@@ -647,6 +657,19 @@ static int probe_free(weft_rt *rt, struct weft_listener *l) {
   return r;
 }
 
+/* Whether the kernel moves a closing listener's queue to another socket
+ * of its reuseport group rather than reset it (reset_queue). */
+static bool migrate_sysctl(void) {
+  int fd = open("/proc/sys/net/ipv4/tcp_migrate_req", O_RDONLY | O_CLOEXEC);
+  char c = '0';
+  if (fd >= 0) {
+    if (read(fd, &c, 1) != 1)
+      c = '0';
+    close(fd);
+  }
+  return c != '0';
+}
+
 static bool port_zero(const struct weft_listener *l) {
   if (l->addr.ss_family == AF_INET)
     return ((const struct sockaddr_in *)&l->addr)->sin_port == 0;
@@ -778,6 +801,13 @@ int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr, unsigned addrlen,
   l->sim_addrlen = tcplen;
 #endif
   l->backlog = backlog;
+  l->migrates =
+      !is_unix && (n > 1 || (flags & WEFT_LISTEN_SHARE)) && migrate_sysctl();
+  if (l->migrates)
+    weft__log(rt, WEFT_LOG_INFO,
+              "net.ipv4.tcp_migrate_req is set: when descriptors run out, "
+              "the connections waiting on a listener's socket move to its "
+              "group's other sockets instead of being dropped");
   if (is_unix) { /* the spare (drop_with_spare); under the lock: a drop
                     under way has its slot free */
     pthread_mutex_lock(&rt->net.limit_lock);

@@ -137,25 +137,27 @@ typedef struct weft_listener_stats {
  * which takes no descriptor: each client waiting sees a reset, and one that
  * comes in that instant may see its connect refused or reset. `dropped`
  * counts the queue read just before, so it may miss one that came in
- * between. A Unix socket accepts and closes up to 64 at a time through a
- * spare descriptor, one per runtime, opened by its first Unix listen and
- * closed by weft_rt_destroy: a descriptor opened elsewhere in the process
- * in between (a TCP accept included) can take the spare's slot, and until
- * one is freed nothing more is dropped there, and its clients wait. On
- * io_uring a TCP
- * listener's sockets each keep one accept request waiting in the kernel, which
- * reads RLIMIT_NOFILE when the request is made: a soft limit lowered while the
- * listener runs binds its accepts from the next request on (after an error, a
- * shortage, or a pause). fn may run before a successful call returns; after a
- * failed one it never runs, and clients that had already reached one of its
- * sockets are reset. opts may be NULL. Errors: -EINVAL (bad arguments, addrlen
- * too small for the family, WEFT_LISTEN_SHARE with Unix), -EAFNOSUPPORT
- * (neither IPv4, IPv6 nor Unix), -EADDRINUSE, -EACCES, -ENOENT (a Unix
- * path's directory does not exist), -EADDRNOTAVAIL, -ENODEV (an IPv6
- * link-local address whose sin6_scope_id names no interface), -EMFILE,
- * -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend NONE), -EAGAIN (the runtime's first
- * socket could not start every shard's thread: weft_config.eager_workers). Any
- * thread. */
+ * between. Where net.ipv4.tcp_migrate_req is set (off by default), the
+ * kernel moves a group's queue to its other sockets instead: while every
+ * socket of the group is short its clients wait, and `dropped` does not
+ * count them (logged at WEFT_LOG_INFO by the listen). A Unix socket accepts and
+ * closes up to 64 at a time through a spare descriptor, one per runtime, opened
+ * by its first Unix listen and closed by weft_rt_destroy: a descriptor opened
+ * elsewhere in the process in between (a TCP accept included) can take the
+ * spare's slot, and until one is freed nothing more is dropped there, and its
+ * clients wait. On io_uring a TCP listener's sockets each keep one accept
+ * request waiting in the kernel, which reads RLIMIT_NOFILE when the request is
+ * made: a soft limit lowered while the listener runs binds its accepts from the
+ * next request on (after an error, a shortage, or a pause). fn may run before a
+ * successful call returns; after a failed one it never runs, and clients that
+ * had already reached one of its sockets are reset. opts may be NULL. Errors:
+ * -EINVAL (bad arguments, addrlen too small for the family, WEFT_LISTEN_SHARE
+ * with Unix), -EAFNOSUPPORT (neither IPv4, IPv6 nor Unix), -EADDRINUSE,
+ * -EACCES, -ENOENT (a Unix path's directory does not exist), -EADDRNOTAVAIL,
+ * -ENODEV (an IPv6 link-local address whose sin6_scope_id names no interface),
+ * -EMFILE, -ENOMEM, -ESHUTDOWN, -ENOTSUP (backend NONE), -EAGAIN (the runtime's
+ * first socket could not start every shard's thread:
+ * weft_config.eager_workers). Any thread. */
 WEFT_API int weft_tcp_listen(weft_rt *rt, const struct sockaddr *addr,
                              unsigned addrlen, const weft_listen_opts *opts,
                              weft_accept_fn fn, void *arg, weft_listener **out);
