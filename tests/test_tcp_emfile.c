@@ -46,6 +46,10 @@
  * descriptors (test_emfile_listeners), ROUNDS rounds:
  *   - every client is accepted or dropped;
  *   - once descriptors are back, each listener accepts again.
+ * And a Unix listener (test_emfile_unix), which drops through the
+ * runtime's spare descriptor: the same checks as the first, but the
+ * group's. Where net.ipv4.tcp_migrate_req is set the cases of groups of
+ * two sockets are skipped: their queues move instead of dropping (net.h).
  * Before TCP sockets reset their queues, they dropped through a spare
  * descriptor shared by the runtime's listeners, which anything opening a
  * descriptor meanwhile could take: under load, a round hung now and then.
