@@ -8,7 +8,9 @@
  *    of the probe before at least. The histogram counts
  *    exactly those posts (after a warm-up), and its 10th, 50th, 90th and
  *    99th percentiles lie within one bucket of the range the test's own
- *    bounds give.
+ *    bounds give. Those bounds must be narrow at the median for that to
+ *    mean something; a loaded machine can widen them, and then the round
+ *    is run again, up to 3 rounds.
  *  - Timer lateness: one timer, started at an absolute deadline; the
  *    histogram holds one value, no later than the handler's own lateness.
  *  - Turn time: 32 handlers that run 2 ms each show in the maximum (one
@@ -67,34 +69,14 @@ static void probe_run(void *arg) {
 
 static void count_run(void *arg) { atomic_fetch_add((tu_count *)arg, 1); }
 
-static void test_sched_delay_agrees(void **state) {
-  (void)state;
-  /* One worker, and no handoff to a spare: a probe held up past the
-   * stall threshold (a loaded machine) must still hold the next one. */
-  weft_config c;
-  weft_config_init(&c);
-  c.workers = 1;
-  c.stall_threshold_ns = 60ull * 1000000000u;
-  weft_rt *rt;
-  assert_int_equal(weft_rt_create(&rt, &c), 0);
-  size_t n = (size_t)TU_SCALED(1000, 300);
-  probe *p = calloc(n + 1, sizeof(*p));
-  uint64_t *lo = calloc(n, sizeof(*lo)), *hi = calloc(n, sizeof(*hi));
-  assert_non_null(p);
-  assert_true(lo && hi);
-  tu_count done = 0;
-  /* The test's clock starts before weft_post_rt, the histogram's when the
-   * post has its node: a thread outside the runtime takes nodes from the
-   * pool's depot, and until the worker has freed enough there, every 32nd
-   * post carves fresh memory (page faults, tens of microseconds) that
-   * only the test would count. Warm the depot first. */
-  size_t warm = (size_t)TU_SCALED(20000, 2000);
-  for (size_t i = 0; i < warm; i++)
-    assert_int_equal(weft_post_rt(rt, count_run, &done), 0);
-  tu_wait_count(&done, warm, "the warm-up");
-  weft_histogram h;
-  assert_int_equal(weft_rt_histogram(rt, WEFT_HIST_SCHED_DELAY, -1, &h), 0);
-  uint64_t before = h.count;
+/* One round of n + 1 probes, each posted from this thread while the one
+ * before holds the worker: lo and hi get the test's own bounds on the n
+ * delays after the first (sorted), *h the histogram of these n + 1
+ * alone. */
+static void sched_round(weft_rt *rt, probe *p, size_t n, uint64_t *lo,
+                        uint64_t *hi, weft_histogram *h) {
+  assert_int_equal(weft_rt_histogram(rt, WEFT_HIST_SCHED_DELAY, -1, h), 0);
+  uint64_t before = h->count;
   /* Each probe waits behind the one before, 50 to 400 us: delays far
    * longer than what the two clocks' starts differ by (a post's own work,
    * more under sanitizers), spread over many buckets. */
@@ -129,29 +111,87 @@ static void test_sched_delay_agrees(void **state) {
     assert_int_equal(weft_rt_histogram(rt, WEFT_HIST_SCHED_DELAY, -1, &all), 0);
   while (all.count < before + n + 1 && tu_now_ns() < deadline);
   assert_int_equal(all.count, before + n + 1);
-  /* Ours only: the warm-up's subtracted. p[0]'s stays in: the value of
-   * rank r among the n + 1 is the probes' value of rank r - 1 or r,
-   * whichever side of it p[0]'s fell. On a loaded machine the tail's
-   * neighbouring ranks lie buckets apart, so both count. */
+  /* Ours only: what came before is subtracted. */
   for (unsigned i = 0; i < WEFT_HISTOGRAM_BUCKETS; i++)
-    h.buckets[i] = all.buckets[i] - h.buckets[i];
-  h.count = n + 1;
-  h.max_ns = all.max_ns;
+    h->buckets[i] = all.buckets[i] - h->buckets[i];
+  h->count = n + 1;
+  h->max_ns = all.max_ns;
+}
+
+/* The test's own bounds on the probes' value of the rank the histogram
+ * gives quantile q among the n + 1: p[0]'s stays in, so that value is
+ * the probes' of rank r - 1 or r, whichever side of it p[0]'s fell. On a
+ * loaded machine the tail's neighbouring ranks lie buckets apart, so
+ * both count. */
+static void bounds_of(size_t n, double q, const uint64_t *lo,
+                      const uint64_t *hi, uint64_t *a, uint64_t *b) {
+  size_t r = rank_of(n + 1, q);
+  *a = lo[(r > 1 ? r - 1 : 1) - 1];
+  *b = hi[(r < n ? r : n) - 1];
+}
+
+#define SCHED_ROUNDS 3
+
+static void test_sched_delay_agrees(void **state) {
+  (void)state;
+  /* One worker, and no handoff to a spare: a probe held up past the
+   * stall threshold (a loaded machine) must still hold the next one. */
+  weft_config c;
+  weft_config_init(&c);
+  c.workers = 1;
+  c.stall_threshold_ns = 60ull * 1000000000u;
+  weft_rt *rt;
+  assert_int_equal(weft_rt_create(&rt, &c), 0);
+  size_t n = (size_t)TU_SCALED(1000, 300);
+  /* A round's probes each: the last one's handler may still be running
+   * when its round ends. */
+  probe *p = calloc(SCHED_ROUNDS * (n + 1), sizeof(*p));
+  uint64_t *lo = calloc(n, sizeof(*lo)), *hi = calloc(n, sizeof(*hi));
+  assert_non_null(p);
+  assert_true(lo && hi);
+  tu_count done = 0;
+  /* The test's clock starts before weft_post_rt, the histogram's when the
+   * post has its node: a thread outside the runtime takes nodes from the
+   * pool's depot, and until the worker has freed enough there, every 32nd
+   * post carves fresh memory (page faults, tens of microseconds) that
+   * only the test would count. Warm the depot first. */
+  size_t warm = (size_t)TU_SCALED(20000, 2000);
+  for (size_t i = 0; i < warm; i++)
+    assert_int_equal(weft_post_rt(rt, count_run, &done), 0);
+  tu_wait_count(&done, warm, "the warm-up");
+  /* The checks mean something only while the test's own bounds at the
+   * median are narrow, within two buckets. A loaded machine can widen
+   * them (this thread held up between its clock and the post, or the
+   * worker's spin preempted): then the round is run again, up to
+   * SCHED_ROUNDS. */
+  weft_histogram h;
+  uint64_t a, b;
+  for (int round = 0;; round++) {
+    sched_round(rt, p + (size_t)round * (n + 1), n, lo, hi, &h);
+    bounds_of(n, 0.5, lo, hi, &a, &b);
+    if (bucket_of(b) <= bucket_of(a) + 2)
+      break;
+    if (round + 1 == SCHED_ROUNDS)
+      fail_msg("the test's own bounds at the median stayed wide in %d "
+               "rounds: %" PRIu64 " to %" PRIu64 " ns (buckets %u to %u)",
+               SCHED_ROUNDS, a, b, bucket_of(a), bucket_of(b));
+    print_message("[ INFO     ] round %d: the test's bounds at the median "
+                  "are %u buckets apart; again\n",
+                  round + 1, bucket_of(b) - bucket_of(a));
+  }
   const double qs[] = {0.1, 0.5, 0.9, 0.99};
   for (int i = 0; i < 4; i++) {
-    size_t r = rank_of(n + 1, qs[i]);
-    uint64_t a = lo[(r > 1 ? r - 1 : 1) - 1], b = hi[(r < n ? r : n) - 1];
+    bounds_of(n, qs[i], lo, hi, &a, &b);
     uint64_t v = weft_histogram_percentile(&h, qs[i]);
     unsigned its = bucket_of(v);
-    if (qs[i] == 0.5) /* the range is narrow: the check means something */
-      assert_true(bucket_of(b) <= bucket_of(a) + 2);
     if (its + 1 < bucket_of(a) || its > bucket_of(b) + 1)
       fail_msg("p%g: the test measured %" PRIu64 " to %" PRIu64
                " ns (buckets %u to %u), the histogram says %" PRIu64
                " ns (bucket %u)",
                qs[i] * 100, a, b, bucket_of(a), bucket_of(b), v, its);
   }
-  weft_histogram one;
+  weft_histogram all, one;
+  assert_int_equal(weft_rt_histogram(rt, WEFT_HIST_SCHED_DELAY, -1, &all), 0);
   assert_int_equal(weft_rt_histogram(rt, WEFT_HIST_SCHED_DELAY, 0, &one), 0);
   assert_int_equal(one.count, all.count); /* one shard: all of it */
   weft_rt_destroy(rt);
