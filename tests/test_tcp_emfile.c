@@ -447,18 +447,29 @@ static unsigned fds_open(void) {
 /* One per run: after a failed run its runtime is left running. */
 static server g_servers[7];
 
-/* A run's runtime and sv, listening (listen_low). */
-static weft_rt *run_begin(server *sv, unsigned flags, weft_listener **idle,
-                          uint16_t *port) {
+/* A run's runtime, of NWORKERS and log_fn (NULL: stderr), and sv, not
+ * yet listening. */
+static weft_rt *run_start(server *sv, weft_log_fn log_fn) {
   tu_reset_async_errors();
   g_runs_left_running++; /* until this run ends well */
+  weft_config cfg;
+  weft_config_init(&cfg);
+  cfg.workers = NWORKERS;
+  cfg.log_fn = log_fn;
   weft_rt *rt;
-  tu_rt_create(&rt, NWORKERS, 0);
+  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
   tu_assert_backend(rt);
   memset(sv, 0, sizeof *sv);
   pthread_mutex_init(&sv->m, NULL);
   tu_event_init(&sv->accepted);
   tu_event_init(&sv->closed);
+  return rt;
+}
+
+/* A run's runtime and sv, listening (listen_low). */
+static weft_rt *run_begin(server *sv, unsigned flags, weft_listener **idle,
+                          uint16_t *port) {
+  weft_rt *rt = run_start(sv, NULL);
   *port = listen_low(rt, flags, sv, idle);
   return rt;
 }
@@ -635,15 +646,7 @@ static void test_emfile_unix(void **state) {
   tu_phase("emfile, Unix");
   unsigned fds_before = fds_open();
   server *sv = &g_servers[4];
-  tu_reset_async_errors();
-  g_runs_left_running++;
-  weft_rt *rt;
-  tu_rt_create(&rt, NWORKERS, 0);
-  tu_assert_backend(rt);
-  memset(sv, 0, sizeof *sv);
-  pthread_mutex_init(&sv->m, NULL);
-  tu_event_init(&sv->accepted);
-  tu_event_init(&sv->closed);
+  weft_rt *rt = run_start(sv, NULL);
   weft_listener *idle;
   (void)tu_tcp_listen(rt, NULL, accept_cb, sv, &idle);
   lower_fd_limit(HEADROOM + 2); /* the socket and the spare */
@@ -687,19 +690,7 @@ static void test_emfile_relisten_fails(void **state) {
   tu_phase("emfile, listen fails after the reset");
   unsigned fds_before = fds_open();
   server *sv = &g_servers[5];
-  tu_reset_async_errors();
-  g_runs_left_running++;
-  weft_config cfg;
-  weft_config_init(&cfg);
-  cfg.workers = NWORKERS;
-  cfg.log_fn = relisten_log;
-  weft_rt *rt;
-  tu_assert_rc(weft_rt_create(&rt, &cfg), 0);
-  tu_assert_backend(rt);
-  memset(sv, 0, sizeof *sv);
-  pthread_mutex_init(&sv->m, NULL);
-  tu_event_init(&sv->accepted);
-  tu_event_init(&sv->closed);
+  weft_rt *rt = run_start(sv, relisten_log);
   weft_listener *idle;
   uint16_t port = listen_low(rt, WEFT_LISTEN_SINGLE, sv, &idle);
   int ok0 = atomic_load(&g_listens_ok);
