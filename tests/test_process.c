@@ -403,10 +403,13 @@ static void test_parent_stdio_closed(void **state) {
 /* weft_spawn's wait for the exec is documented: the monitor moves the
  * shard on when it passes the stall threshold (here the least, 50 us, past
  * which nearly every spawn's wait goes) but reports no stall. The first
- * spawn, not counted, starts the backend (a first socket's work). The rest
- * of weft_spawn, and a look of the monitor's that a loaded machine
- * delayed past the wait, can still pass 50 us: a few reports of 40 are
- * allowed, where reporting the wait gives most of the 40. */
+ * spawn of a round, not counted, starts the backend (a first socket's
+ * work). The rest of weft_spawn, and a look of the monitor's that a loaded
+ * machine delayed past the wait, can still pass 50 us: a few reports of 40
+ * are allowed, where reporting the wait gives most of the 40 (24 to 33 on
+ * an idle machine). A preempted round (sanitizers beside other tests) can
+ * pass the few, so a round runs again up to 3 times, each on its own
+ * runtime; reporting the wait fails all three. */
 static atomic_uint spawning, spawn_stalls;
 
 static void stall_seen(const weft_stall *st, void *ctx) {
@@ -422,11 +425,10 @@ static void spawn_flagged(void *arg) {
   atomic_store(&spawning, 0);
 }
 
-static void test_spawn_wait_not_stall(void **state) {
-  (void)state;
-  tu_reset_async_errors();
+static unsigned spawn_round(void) {
   weft_rt *rt;
   weft_strand *s;
+  atomic_store(&spawn_stalls, 0);
   tu_rt_create_watched(&rt, NWORKERS, 50000, stall_seen, NULL);
   tu_strand_create(rt, &s);
   static const char *const argv[] = {"true", NULL};
@@ -440,9 +442,18 @@ static void test_spawn_wait_not_stall(void **state) {
     child_fini(&ch);
   }
   rt_end(rt, s);
-  print_message("stalls reported in weft_spawn: %u of 40\n",
-                atomic_load(&spawn_stalls));
-  assert_in_range(atomic_load(&spawn_stalls), 0, 4);
+  unsigned n = atomic_load(&spawn_stalls);
+  print_message("stalls reported in weft_spawn: %u of 40\n", n);
+  return n;
+}
+
+static void test_spawn_wait_not_stall(void **state) {
+  (void)state;
+  tu_reset_async_errors();
+  unsigned n = spawn_round();
+  for (int round = 1; round < 3 && n > 4; round++)
+    n = spawn_round();
+  assert_in_range(n, 0, 4);
   TU_ASSERT_NO_ASYNC_ERRORS();
 }
 
