@@ -19,6 +19,12 @@
  * (weft serves strands, timers and stuck handlers): the floor measures
  * the kernel's part, the same way bench/timer_lateness's floor does.
  *
+ * With FLOOR_TASKRUN=coop in its environment the rings take
+ * COOP_TASKRUN (with TASKRUN_FLAG), as weft's do, instead of
+ * DEFER_TASKRUN: a weft ring goes from thread to thread with its shard,
+ * and DEFER_TASKRUN needs a single issuer. That floor tells what the
+ * task-work mode costs by itself.
+ *
  * A request is a head (bodies are not supported), answered when its
  * empty line has come; a head longer than 8 KiB gets 400 and a close.
  * SIGINT or SIGTERM stops it (exit 0). Prints "listening on PORT".
@@ -171,9 +177,15 @@ static void on_cqe(struct worker *w, uint64_t ud, int res, unsigned flags) {
 }
 
 static int ring_init(struct io_uring *ring) {
+  const char *taskrun = getenv("FLOOR_TASKRUN");
   struct io_uring_params p;
   memset(&p, 0, sizeof(p));
   p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
+  if ((!taskrun || strcmp(taskrun, "coop")) &&
+      !io_uring_queue_init_params(ENTRIES, ring, &p))
+    return 0;
+  memset(&p, 0, sizeof(p));
+  p.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
   if (!io_uring_queue_init_params(ENTRIES, ring, &p))
     return 0;
   memset(&p, 0, sizeof(p));
