@@ -178,11 +178,16 @@ static void on_cqe(struct worker *w, uint64_t ud, int res, unsigned flags) {
 
 static int ring_init(struct io_uring *ring) {
   const char *taskrun = getenv("FLOOR_TASKRUN");
+  bool coop = taskrun && !strcmp(taskrun, "coop");
+  if (taskrun && !coop) {
+    fprintf(stderr, "%s: FLOOR_TASKRUN is '%s': only 'coop' is known\n",
+            floor_name, taskrun);
+    exit(2);
+  }
   struct io_uring_params p;
   memset(&p, 0, sizeof(p));
   p.flags = IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN;
-  if ((!taskrun || strcmp(taskrun, "coop")) &&
-      !io_uring_queue_init_params(ENTRIES, ring, &p))
+  if (!coop && !io_uring_queue_init_params(ENTRIES, ring, &p))
     return 0;
   memset(&p, 0, sizeof(p));
   p.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
