@@ -34,7 +34,7 @@
 #   make bench-report  the same build, then tools/bench-report: every
 #                   benchmark in 5 alternating rounds, their medians and
 #                   plots written into BENCHMARKS.md and docs/img/ (deps:
-#                   the above and python3-matplotlib)
+#                   the above, python3-matplotlib and valgrind)
 #   make reference  write docs/reference.md from include/weft.h (and the
 #                   headers it includes)
 #                   (tools/gen-reference; a test checks it is current)

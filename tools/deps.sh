@@ -10,8 +10,9 @@
 #                  weft with
 #   bench          the above, libuv (peer), and what bench/net drives:
 #                  wrk, nginx, haproxy
-#   report         everything: bench, and matplotlib for Debian's python3
-#                  (tools/bench-report's plots)
+#   report         everything: bench, matplotlib for Debian's python3
+#                  (tools/bench-report's plots) and valgrind
+#                  (bench/net_instr counts instructions with callgrind)
 # Silent when nothing is missing. As root it installs what is missing (the
 # apt-get output goes to a log file, shown if the install fails);
 # otherwise it prints the command to run and fails.
@@ -26,7 +27,7 @@ DEMO_PKGS="g++ libasio-dev"
 # nginx and haproxy on free loopback ports with configs in a temporary
 # directory; the system services these packages bring are not wanted.
 BENCH_PKGS="libuv1-dev wrk nginx haproxy"
-REPORT_PKGS="python3 python3-matplotlib"
+REPORT_PKGS="python3 python3-matplotlib valgrind"
 
 case "${1-lib}" in
 "" | lib) PKGS=$LIB_PKGS ;;
