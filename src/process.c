@@ -261,7 +261,7 @@ static int check(weft_rt *rt, weft_strand *s, const weft_spawn_opts *o,
   }
   if (pipes && (!streams || !s))
     return -EINVAL;
-  if (pipes && weft_strand_current() != s)
+  if (pipes && weft__current_strand() != s)
     return -EPERM;
   return weft__tcp_check_rt(rt);
 }

@@ -851,7 +851,7 @@ static void stall(weft_rt *rt, struct weft__sim *m, struct weft__thread *t,
         se->reported ? now + th / 2 : se->since + th + rnd(m) % (th / 2 + 1);
   int shard = t->shard ? (int)t->shard->idx : -1;
   event(m, "stall", t->idx, shard, st.until - now);
-  weft_strand *cur = weft_strand_current();
+  weft_strand *cur = weft__current_strand();
   m->stalls = &st;
   m->nstalls++;
   weft__set_self(NULL);

@@ -67,10 +67,6 @@ void weft__sock_yield(struct weft__sock *s) {
   weft__local_end(sh);
 }
 
-bool weft__sock_on_strand(const struct weft__sock *s) {
-  return weft_strand_current() == s->strand;
-}
-
 unsigned weft__sock_home(weft_rt *rt) {
   struct weft__shard *sh = weft__local_begin(rt);
   unsigned home = sh ? sh->idx : weft__fetch_add(&rt->net.rr, 1, WA_RLX);

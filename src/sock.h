@@ -48,6 +48,7 @@
 
 #include "io.h"
 #include "strand.h"
+#include "thread.h"
 
 #include <pthread.h>
 
@@ -237,7 +238,10 @@ void weft__sock_yield(struct weft__sock *s);
  * dropped before anything but the event word is read. */
 void weft__sock_ready(struct weft__shard *local, struct weft__sock *s,
                       const struct weft__cqe *c);
-bool weft__sock_on_strand(const struct weft__sock *s);
+/* Whether the calling thread runs s's strand now (the verbs' check). */
+static inline bool weft__sock_on_strand(const struct weft__sock *s) {
+  return weft__current_strand() == s->strand;
+}
 /* The home shard of a socket made by the calling thread: its own shard,
  * or the shards in turn for threads outside the runtime. */
 unsigned weft__sock_home(weft_rt *rt);

@@ -155,7 +155,7 @@ static void strand_reclaim(weft_strand *s) {
 /* The release proper, once no reference is left: reclaim now if idle,
  * else leave it to the drainer. */
 static void strand_retire(weft_strand *s) {
-  if (weft_strand_current() == s) {
+  if (weft__current_strand() == s) {
     /* From its own handler: this thread is the drainer, which reclaims
      * the strand when it next goes idle (no atomic needed here). */
     s->self_released = true;

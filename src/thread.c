@@ -9,13 +9,12 @@
 
 _Thread_local struct weft__thread *weft__tls_self
     __attribute__((tls_model("initial-exec")));
-static _Thread_local weft_strand *tls_strand;
+_Thread_local weft_strand *weft__tls_strand
+    __attribute__((tls_model("initial-exec")));
 
 void weft__set_self(struct weft__thread *t) { weft__tls_self = t; }
 
-void weft__set_current_strand(weft_strand *s) { tls_strand = s; }
-
-weft_strand *weft_strand_current(void) { return tls_strand; }
+weft_strand *weft_strand_current(void) { return weft__tls_strand; }
 
 weft_rt *weft_rt_current(void) {
   return weft__tls_self ? weft__tls_self->rt : NULL;

@@ -113,6 +113,18 @@ extern _Thread_local struct weft__thread *weft__tls_self
 static inline struct weft__thread *weft__self(void) { return weft__tls_self; }
 void weft__set_self(struct weft__thread *t);
 
+/* The strand whose turn the calling thread runs, or NULL (any thread:
+ * weft_strand_current is the API's copy). Inline, as weft__self: every
+ * strand turn sets it twice and the socket verbs' strand check reads it. */
+extern _Thread_local weft_strand *weft__tls_strand
+    __attribute__((tls_model("initial-exec")));
+static inline weft_strand *weft__current_strand(void) {
+  return weft__tls_strand;
+}
+static inline void weft__set_current_strand(weft_strand *s) {
+  weft__tls_strand = s;
+}
+
 /* A trampoline of weft's (a timer's firing, a socket's or the blocking
  * pool's callback) names the user's function it is about to call, so a
  * stall report names that function and not weft's code. The store is in
@@ -132,7 +144,6 @@ static inline void weft__calling(void *fn) {
 #endif
   }
 }
-void weft__set_current_strand(weft_strand *s);
 
 /* Brackets a documented wait inside a weft call (waits_in above): what,
  * then NULL. */
