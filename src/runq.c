@@ -41,12 +41,6 @@ void weft__runq_init(struct weft__runq *q) {
     weft__store(&q->slot[i], 0, WA_RLX);
 }
 
-uint32_t weft__runq_len(struct weft__runq *q) {
-  uint64_t h = weft__load(&q->head, WA_ACQ);
-  uint64_t t = weft__load(&q->tail, WA_ACQ);
-  return t > h ? (uint32_t)(t - h) : 0;
-}
-
 bool weft__runq_push(struct weft__runq *q, weft__item it) {
   uint64_t t = weft__load(&q->tail, WA_RLX); /* only we write it */
   uint64_t h = weft__load(&q->head, WA_ACQ);

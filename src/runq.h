@@ -45,7 +45,13 @@ struct weft__inject {
 };
 
 void weft__runq_init(struct weft__runq *q);
-uint32_t weft__runq_len(struct weft__runq *q);
+/* Items in q, from any thread: a snapshot. Inline: the run loop asks at
+ * every poll. */
+static inline uint32_t weft__runq_len(struct weft__runq *q) {
+  uint64_t h = weft__load(&q->head, WA_ACQ);
+  uint64_t t = weft__load(&q->tail, WA_ACQ);
+  return t > h ? (uint32_t)(t - h) : 0;
+}
 /* Owner: push; false when full. */
 bool weft__runq_push(struct weft__runq *q, weft__item it);
 /* Owner: pop; 0 when empty. */
