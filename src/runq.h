@@ -45,8 +45,10 @@ struct weft__inject {
 };
 
 void weft__runq_init(struct weft__runq *q);
-/* Items in q, from any thread: a snapshot. Inline: the run loop asks at
- * every poll. */
+/* Items in q, from any thread: a snapshot. Its loads are acquires, paired
+ * with the releases that move head and tail (runq.c has the argument);
+ * head is read first, so the tail read after it is never behind it.
+ * Inline: the run loop asks at every poll. */
 static inline uint32_t weft__runq_len(struct weft__runq *q) {
   uint64_t h = weft__load(&q->head, WA_ACQ);
   uint64_t t = weft__load(&q->tail, WA_ACQ);
