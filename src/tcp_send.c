@@ -12,7 +12,10 @@
  * Writes leave in the order they were queued. With io_uring one send is
  * in the kernel at a time (its iovecs gathered into a pooled send buffer
  * that the kernel reads until the completion), so bytes cannot overtake
- * each other; with epoll, non-blocking sends on readiness. A file send
+ * each other; with epoll, non-blocking sends on readiness, and a write
+ * without a callback into a connection without write state goes at once
+ * and takes the write state only for what the socket left (send_at_once).
+ * A file send
  * (weft_tcp_sendfile) is a write whose bytes come from a file: it goes by
  * sendfile(2) on the strand once every write before it has gone, never in
  * a gathered send, and when the socket is full the strand waits for room
@@ -122,7 +125,7 @@ static void wreq_done(struct weft__wstate *ws, struct weft__wreq *w,
 /* Calls the due write callbacks, then the drain callback, and gives the
  * write state back if nothing in it is left; only from the strand handler
  * (never inside a weft_tcp_* call). */
-void weft__send_flush(struct weft__conn *c) {
+void weft__send_flush_held(struct weft__conn *c) {
   /* c->ws read again after each callback: a write it makes may take one
    * when none is held, and give it back at once */
   while (c->ws && c->ws->done_head) {
@@ -163,6 +166,24 @@ void weft__send_fail(struct weft__conn *c, int status) {
   ws->wq_tail = NULL;
 }
 
+/* Moves w's iovecs past up to n of their bytes, then past the empty ones
+ * that follow; returns how many bytes it moved past. */
+static size_t wreq_skip(struct weft__wreq *w, size_t n) {
+  size_t done = 0;
+  while (n > done && w->iovpos < w->iovcnt) {
+    struct iovec *v = &w->iov[w->iovpos];
+    size_t k = n - done < v->iov_len ? n - done : v->iov_len;
+    v->iov_base = (char *)v->iov_base + k;
+    v->iov_len -= k;
+    done += k;
+    if (!v->iov_len)
+      w->iovpos++;
+  }
+  while (w->iovpos < w->iovcnt && !w->iov[w->iovpos].iov_len)
+    w->iovpos++;
+  return done;
+}
+
 /* n bytes of the queue were sent: complete the writes now fully sent
  * (zero-length ones at the head included). */
 static void advance(struct weft__conn *c, size_t n) {
@@ -174,18 +195,9 @@ static void advance(struct weft__conn *c, size_t n) {
     struct weft__wreq *w = ws->wq_head;
     if (n && w->ctl)
       w->ctl_sent = true; /* its descriptors went with its first byte */
-    while (n && w->iovpos < w->iovcnt) {
-      struct iovec *v = &w->iov[w->iovpos];
-      size_t k = n < v->iov_len ? n : v->iov_len;
-      v->iov_base = (char *)v->iov_base + k;
-      v->iov_len -= k;
-      w->left -= k;
-      n -= k;
-      if (!v->iov_len)
-        w->iovpos++;
-    }
-    while (w->iovpos < w->iovcnt && !w->iov[w->iovpos].iov_len)
-      w->iovpos++;
+    size_t k = wreq_skip(w, n);
+    w->left -= k;
+    n -= k;
     if (w->left)
       break;
     ws->wq_head = w->next;
@@ -244,17 +256,24 @@ static void write_failed(struct weft__conn *c, int err) {
   weft__send_fail(c, err);
 }
 
-/* A non-blocking send of the gathered bytes: send(2) for one buffer, which
+/* A non-blocking send of msg's buffers: send(2) for one buffer, which
  * spares the kernel copying in a msghdr and an iovec, sendmsg(2) for
- * several. Before a file send, MSG_MORE lets them leave in one segment
- * with the file's first bytes (a response's head and its body). */
-static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
-  int flags = MSG_NOSIGNAL | MSG_DONTWAIT | (sb->file_next ? MSG_MORE : 0);
+ * several. more: MSG_MORE or 0. */
+static ssize_t send_msg(struct weft__conn *c, const struct msghdr *msg,
+                        int more) {
+  int flags = MSG_NOSIGNAL | MSG_DONTWAIT | more;
   if (weft__sim_fault(weft__sock_rt(&c->s), WEFT_SIM_FAULT_BREAK))
     shutdown(c->s.fd, SHUT_RDWR); /* a simulated break (sim.h) */
-  if (sb->msg.msg_iovlen == 1 && !sb->msg.msg_control)
-    return send(c->s.fd, sb->iov[0].iov_base, sb->iov[0].iov_len, flags);
-  return sendmsg(c->s.fd, &sb->msg, flags);
+  if (msg->msg_iovlen == 1 && !msg->msg_control)
+    return send(c->s.fd, msg->msg_iov[0].iov_base, msg->msg_iov[0].iov_len,
+                flags);
+  return sendmsg(c->s.fd, msg, flags);
+}
+
+/* The gathered bytes. Before a file send, MSG_MORE lets them leave in one
+ * segment with the file's first bytes (a response's head and its body). */
+static ssize_t send_direct(struct weft__conn *c, struct weft__sendbuf *sb) {
+  return send_msg(c, &sb->msg, sb->file_next ? MSG_MORE : 0);
 }
 
 /* sendfile(2) of at most max bytes of the file send at the head of the
@@ -440,9 +459,7 @@ static void send_submit(struct weft__conn *c) {
     sendbuf_put(c);
 }
 
-void weft__send_pump(struct weft__conn *c) {
-  if (c->s.state != ST_OPEN)
-    return;
+void weft__send_pump_held(struct weft__conn *c) {
   if (weft__send_queued(c) && weft__io_completes(weft__sock_rt(&c->s)))
     send_submit(c);
   else if (weft__send_queued(c))
@@ -495,6 +512,7 @@ static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
     return NULL;
   }
   w->iov = w->inl;
+  w->iovpos = 0;
   w->file_fd = -1;
   w->ctl = NULL;
   w->ctl_sent = false;
@@ -513,7 +531,6 @@ static struct weft__wreq *wreq_new(struct weft__conn *c, int iovcnt) {
 static void enqueue(struct weft__conn *c, struct weft__wreq *w, size_t len,
                     weft_write_fn fn, void *arg) {
   struct weft__wstate *ws = c->ws;
-  w->iovpos = 0;
   w->left = len;
   w->fn = fn;
   w->arg = arg;
@@ -529,6 +546,35 @@ static void enqueue(struct weft__conn *c, struct weft__wreq *w, size_t len,
   weft__send_pump(c); /* gives the write state back if all is done */
   if (c->ws && c->ws->done_head)
     weft__sock_kick(&c->s); /* completions run in the handler */
+}
+
+/* With epoll, a write nobody waits on (no callback) into a connection
+ * with no write state (nothing queued, no callback due) goes to the
+ * socket at once, from the caller's iovecs: most often the socket takes
+ * it whole, and the write then needs no write state at all. true: it is
+ * done (sent, or failed as a queued write would: the connection's later
+ * writes fail); false: *sent of its bytes went and the caller queues the
+ * rest. Unused with io_uring, whose writes leave together at the thread's
+ * next entry (send_ring). */
+static bool send_at_once(struct weft__conn *c, const struct iovec *iov,
+                         int iovcnt, size_t total, size_t *sent) {
+  if (c->ws || !c->writable || !total || total > SEND_BUDGET ||
+      weft__io_completes(weft__sock_rt(&c->s)))
+    return false;
+  struct msghdr msg = {.msg_iov = (struct iovec *)iov,
+                       .msg_iovlen = (size_t)iovcnt};
+  ssize_t n = send_msg(c, &msg, 0);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EWOULDBLOCK)
+      c->writable = false;
+    else if (errno != EINTR)
+      write_failed(c, -errno);
+    return c->err != 0;
+  }
+  if (n && weft__tcp_tmo(c))
+    weft__tmo_progress(c, true);
+  *sent = (size_t)n;
+  return (size_t)n == total;
 }
 
 int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
@@ -552,13 +598,22 @@ int weft_tcp_writev(weft_tcp *tcp, const struct iovec *iov, int iovcnt,
     c->drain_wanted = true;
     return -ENOBUFS;
   }
+  size_t sent = 0;
+  if (!fn && send_at_once(c, iov, iovcnt, total, &sent))
+    return 0;
   struct weft__wreq *w = wreq_new(c, iovcnt);
+  if (!w && sent) {
+    /* Part of it went and the rest cannot follow: the stream is cut. */
+    write_failed(c, -ENOMEM);
+    return -ENOMEM;
+  }
   if (!w)
     return -ENOMEM;
   memcpy(w->iov, iov, sizeof(*iov) * (size_t)iovcnt);
   w->iovcnt = iovcnt;
-  c->ws->queued += total;
-  enqueue(c, w, total, fn, arg);
+  wreq_skip(w, sent);
+  c->ws->queued += total - sent;
+  enqueue(c, w, total - sent, fn, arg);
   return 0;
 }
 

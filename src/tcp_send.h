@@ -12,8 +12,14 @@
 
 /* Sends what the queue holds, as the backend does it; FIN after the last
  * write once weft_tcp_shutdown asked for it; gives the write state back
- * if nothing in it is left. Only while open. */
-void weft__send_pump(struct weft__conn *c);
+ * if nothing in it is left. Only while open. Inline, as the calls below:
+ * a connection without write state, the most common one in a strand
+ * turn, then costs a test, not a call that saves registers first. */
+void weft__send_pump_held(struct weft__conn *c);
+static inline void weft__send_pump(struct weft__conn *c) {
+  if (c->s.state == ST_OPEN && (c->ws || c->shut_req))
+    weft__send_pump_held(c);
+}
 /* io_uring: the send or the poll for room in the kernel completed
  * (c->wres its result). */
 void weft__send_completed(struct weft__conn *c);
@@ -24,5 +30,9 @@ bool weft__send_queued(const struct weft__conn *c);
 /* Calls the due write callbacks, then the drain callback, and gives the
  * write state back if nothing in it is left; only from the strand handler
  * (never inside a weft_tcp_* call). */
-void weft__send_flush(struct weft__conn *c);
+void weft__send_flush_held(struct weft__conn *c);
+static inline void weft__send_flush(struct weft__conn *c) {
+  if (c->ws || c->drain_wanted)
+    weft__send_flush_held(c);
+}
 #endif
