@@ -141,25 +141,6 @@ static void closed(void *arg, weft_tcp *c) {
 
 static void listener_done(void *arg) { tu_event_add(arg, 1); }
 
-/* The peer: reads everything, checking it, until EOF. */
-static uint64_t peer_read_all(int fd, uint64_t total) {
-  unsigned char buf[16384];
-  uint64_t got = 0;
-  for (;;) {
-    ssize_t n = recv(fd, buf, sizeof buf, 0);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n < 0)
-      fail_msg("peer recv after %" PRIu64 " bytes: %s", got, strerror(errno));
-    if (n == 0)
-      return got;
-    size_t bad = tu_pattern_check(buf, (size_t)n, 0xBAC4, got);
-    if (bad != (size_t)n || got + (uint64_t)n > total)
-      fail_msg("peer: byte %" PRIu64 " differs or is too many", got + bad);
-    got += (uint64_t)n;
-  }
-}
-
 static void test_backpressure(void **state) {
   (void)state;
   tu_reset_async_errors();
@@ -190,7 +171,7 @@ static void test_backpressure(void **state) {
   assert_int_equal(atomic_load(&b.enobufs_seen), 1);
 
   atomic_store(&b.peer_started, true);
-  uint64_t got = peer_read_all(fd, b.total);
+  uint64_t got = tu_recv_pattern(fd, 0xBAC4, b.total);
   tu_event_wait(&b.done, 1, "every write callback");
   print_message("[ INFO     ] %" PRIu64 " writes, %" PRIu64 " refused, %" PRIu64
                 " drain callbacks, at most %zu bytes queued\n",

@@ -83,9 +83,16 @@ static void accepted(void *arg, weft_tcp *c) {
   atomic_store((_Atomic(weft_tcp *) *)arg, c);
 }
 
-static weft_tcp *accept_one(weft_rt *rt, bool shrink, int *fd,
-                            weft_listener **l) {
+/* A runtime of two workers and a connection accepted from a plain peer
+ * (*fd), with small socket buffers on both sides if shrink; n cleared. */
+static weft_rt *setup(nocb *n, bool shrink, int *fd, weft_listener **l) {
   static _Atomic(weft_tcp *) slot;
+  tu_reset_async_errors();
+  weft_rt *rt;
+  tu_rt_create(&rt, 2, 0);
+  tu_assert_backend(rt);
+  memset(n, 0, sizeof *n);
+  tu_event_init(&n->done);
   atomic_store(&slot, NULL);
   uint16_t port = tu_tcp_listen(rt, NULL, accepted, (void *)&slot, l);
   if (shrink && tu_shrink_listener_bufs(port, SMALL_BUF, SMALL_BUF) < 1)
@@ -96,7 +103,8 @@ static weft_tcp *accept_one(weft_rt *rt, bool shrink, int *fd,
   while (!atomic_load(&slot) && tu_now_ns() < end)
     tu_sleep_ms(1);
   assert_non_null(atomic_load(&slot));
-  return atomic_load(&slot);
+  n->c = atomic_load(&slot);
+  return rt;
 }
 
 static void closed(void *arg, weft_tcp *c) {
@@ -122,37 +130,16 @@ static void finish(weft_rt *rt, weft_tcp *c, weft_listener *l, int fd) {
 
 static void test_in_order(void **state) {
   (void)state;
-  tu_reset_async_errors();
-  weft_rt *rt;
-  tu_rt_create(&rt, 2, 0);
-  tu_assert_backend(rt);
   int fd;
   weft_listener *l;
   static nocb n;
-  memset(&n, 0, sizeof n);
-  n.c = accept_one(rt, true, &fd, &l);
+  weft_rt *rt = setup(&n, true, &fd, &l);
   n.total = TU_SCALED(768u << 10, 256u << 10);
   n.data = malloc(n.total);
   assert_non_null(n.data);
   tu_pattern_fill(n.data, n.total, SEED, 0);
-  tu_event_init(&n.done);
   tu_on_strand(weft_tcp_strand(n.c), writer, &n);
-
-  unsigned char buf[16384];
-  size_t got = 0;
-  for (;;) {
-    ssize_t r = recv(fd, buf, sizeof buf, 0);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r < 0)
-      fail_msg("peer recv after %zu bytes: %s", got, strerror(errno));
-    if (r == 0)
-      break;
-    size_t bad = tu_pattern_check(buf, (size_t)r, SEED, got);
-    if (bad != (size_t)r || got + (size_t)r > n.total)
-      fail_msg("peer: byte %zu differs or is too many", got + bad);
-    got += (size_t)r;
-  }
+  uint64_t got = tu_recv_pattern(fd, SEED, n.total);
   tu_event_wait(&n.done, 1, "every write callback and the shutdown");
   assert_int_equal(got, n.total);
   assert_int_equal(n.cbs, n.writes_cb);
@@ -207,17 +194,11 @@ static void start_read(void *arg) {
 
 static void test_after_reset(void **state) {
   (void)state;
-  tu_reset_async_errors();
-  weft_rt *rt;
-  tu_rt_create(&rt, 2, 0);
-  tu_assert_backend(rt);
   int fd;
   weft_listener *l;
   static nocb n;
-  memset(&n, 0, sizeof n);
+  weft_rt *rt = setup(&n, false, &fd, &l);
   n.rc_first = n.rc_next = 1;
-  n.c = accept_one(rt, false, &fd, &l);
-  tu_event_init(&n.done);
   tu_on_strand(weft_tcp_strand(n.c), start_read, &n);
   struct linger lg = {.l_onoff = 1, .l_linger = 0};
   assert_int_equal(setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg), 0);

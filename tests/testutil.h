@@ -1134,6 +1134,38 @@ static inline size_t tu_pattern_check(const void *buf, size_t len,
   return len;
 }
 
+/* A plain peer: receives from fd until EOF, checking every byte against
+ * the pattern of seed from offset 0; fails the test on an error, a byte
+ * that differs or more than max bytes. Returns the bytes received. */
+#define tu_recv_pattern(fd, seed, max)                                         \
+  tu_recv_pattern_(__FILE__, __LINE__, (fd), (seed), (max))
+static inline uint64_t tu_recv_pattern_(const char *file, int line, int fd,
+                                        uint64_t seed, uint64_t max) {
+  unsigned char buf[16384];
+  uint64_t got = 0;
+  for (;;) {
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n == 0)
+      return got;
+    if (n < 0) {
+      print_error("peer recv after %" PRIu64 " bytes: %s\n", got,
+                  strerror(errno));
+      _fail(file, line);
+      return got;
+    }
+    size_t bad = tu_pattern_check(buf, (size_t)n, seed, got);
+    if (bad != (size_t)n || got + (uint64_t)n > max) {
+      print_error("peer: byte %" PRIu64 " differs or is past %" PRIu64 "\n",
+                  got + bad, max);
+      _fail(file, line);
+      return got;
+    }
+    got += (uint64_t)n;
+  }
+}
+
 /* FNV-1a, 64 bits, continued from h (start with TU_FNV_INIT). */
 #define TU_FNV_INIT 0xcbf29ce484222325ull
 static inline uint64_t tu_fnv1a(uint64_t h, const void *buf, size_t len) {
